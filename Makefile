@@ -1,0 +1,36 @@
+# Two commands do all the set-up on a fresh machine:
+#   make demo   train the small residual CNN under PoocH (GPU if present, else host-simulated)
+#   make test   the test suite (GPU-only tests skip without CUDA)
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-stamp
+# chainer 7.8.1 is an sdist whose build imports pkg_resources: pin setuptools < 81 for its build
+# (PIP_CONSTRAINT for pip < 25.3, PIP_BUILD_CONSTRAINT for newer pip).
+PIPENV := PIP_CONSTRAINT=$(CURDIR)/constraints.txt PIP_BUILD_CONSTRAINT=$(CURDIR)/constraints.txt \
+          PIP_DISABLE_PIP_VERSION_CHECK=1
+
+.PHONY: install demo test test-all experiments bench clean
+
+install: $(STAMP)
+
+$(STAMP): setup.py constraints.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(PIPENV) $(BIN)/python -m pip install -q -e '.[test]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/python -m pooch_ext.demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+experiments: $(STAMP)
+	$(BIN)/python experiments/run_all.py
+
+bench: $(STAMP)
+	$(BIN)/python experiments/bench_classify.py
+	$(BIN)/python experiments/bench_overhead.py
+
+clean:
+	rm -rf $(VENV) *.egg-info .pytest_cache

@@ -1,0 +1,10 @@
+"""pooch-ext: profiling-based out-of-core hybrid training (PoocH) for Chainer 7.
+
+Importing this package makes ``import chainer`` work on NumPy 2 (see ``_compat``).
+The planning core (profile, simulator, policies, plan) is plain Python + NumPy/pandas.
+"""
+from pooch_ext._compat import ensure_chainer_importable
+
+ensure_chainer_importable()
+
+__version__ = "0.1.0"

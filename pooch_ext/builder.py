@@ -1,0 +1,272 @@
+"""ProfileBuilder: turn a forward graph plus per-op costs into a Profile.
+
+One place decides what memory an iteration allocates and when (the in-core order of the
+Profile contract), so the analytic tracer, hand-built test profiles and synthetic random
+networks all follow the same rules:
+
+* network inputs are allocated before op 0 and held by the caller to the end;
+* a forward op allocates its outputs and transient scratch (freed at once) and any internal
+  state it saves for backward (``saved_bytes``: pooling argmax, BN statistics, dropout mask),
+  held until its backward op; a tensor no backward op needs is freed after its last forward
+  consumer (outputs nobody consumes are held by the caller to the end);
+* a backward op allocates the gradients of its differentiable activation inputs (once per
+  tensor, at the first backward op that produces it), its transient scratch (freed at once),
+  frees the gradients of its forward op's outputs, then frees every feature map whose last
+  backward use it is;
+* parameters, their gradients and optimizer state are ``resident_bytes``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from pooch_ext.links import Link
+from pooch_ext.profile import Device, Profile
+from pooch_ext.recompute_rules import recompute_refusal
+
+
+def nbytes_of(shape: Sequence[int], dtype: str = "float32") -> int:
+    return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+
+
+@dataclass
+class _Op:
+    name: str
+    inputs: list[int]
+    outputs: list[int]
+    retained: list[int]            # activation tensors the backward needs
+    differentiable: list[int]      # activation inputs that receive a gradient
+    duration_s: float
+    backward_s: float
+    transient_bytes: int
+    backward_transient_bytes: int
+    saved_bytes: int
+    label: str
+
+
+@dataclass
+class _Tensor:
+    shape: tuple[int, ...]
+    dtype: str
+    producer: int                  # forward op position, -1 for inputs
+    output_index: int
+    is_input: bool
+
+
+@dataclass
+class ProfileBuilder:
+    """Collect forward ops in execution order, then ``build()`` the full iteration."""
+
+    device: Device
+    link: Link
+    meta: dict = field(default_factory=dict)
+    _tensors: list[_Tensor] = field(default_factory=list)
+    _ops: list[_Op] = field(default_factory=list)
+    _resident: int = 0
+
+    def input(self, shape: Sequence[int], dtype: str = "float32") -> int:
+        """A network input (held by the caller, never classified); returns its tensor id."""
+        n_inputs = sum(t.is_input for t in self._tensors)
+        self._tensors.append(_Tensor(tuple(int(s) for s in shape), str(dtype), -1, n_inputs, True))
+        return len(self._tensors) - 1
+
+    def forward(self, name: str, inputs: Sequence[int], outputs: Sequence[tuple],
+                duration_s: float, backward_s: float = 0.0, *,
+                retain_inputs: Sequence[int] = (), retain_outputs: Sequence[int] = (),
+                differentiable: Sequence[int] | None = None, transient_bytes: int = 0,
+                backward_transient_bytes: int = 0, saved_bytes: int = 0,
+                label: str = "") -> list[int]:
+        """Record a forward op; returns the ids of its outputs.
+
+        ``inputs`` are activation tensor ids (parameters are not tensors here), ``outputs``
+        (shape, dtype) pairs; ``retain_inputs`` / ``retain_outputs`` are positions of what
+        the op's backward needs; ``differentiable`` are positions of inputs that get a
+        gradient (default: every input that is not a network input).
+        """
+        for t in inputs:
+            if not 0 <= t < len(self._tensors):
+                raise ValueError(f"{name}: unknown input tensor {t}")
+        position = len(self._ops)
+        ids = []
+        for index, (shape, dtype) in enumerate(outputs):
+            self._tensors.append(_Tensor(tuple(int(s) for s in shape), str(dtype), position, index, False))
+            ids.append(len(self._tensors) - 1)
+        if differentiable is None:
+            differentiable = [i for i, t in enumerate(inputs) if not self._tensors[t].is_input]
+        retained = [inputs[i] for i in retain_inputs] + [ids[i] for i in retain_outputs]
+        self._ops.append(_Op(name, list(inputs), ids, list(dict.fromkeys(retained)),
+                             [inputs[i] for i in differentiable], float(duration_s),
+                             float(backward_s), int(transient_bytes),
+                             int(backward_transient_bytes), int(saved_bytes), label))
+        return ids
+
+    def resident(self, nbytes: int) -> None:
+        """Add bytes no policy moves (parameters, gradients, optimizer state)."""
+        self._resident += int(nbytes)
+
+    # ------------------------------------------------------------------ build
+    def build(self, loss: int | None = None, backward_order: Sequence[int] | None = None,
+              update_s: float = 0.0) -> Profile:
+        """Assemble the Profile.
+
+        ``loss``: the tensor backward starts from (default: first output of the last op).
+        ``backward_order``: forward op positions in the order their backward runs (the real
+        order Chainer used, from a trace); default: reverse execution order of the ops the
+        loss depends on.
+        """
+        if not self._ops:
+            raise ValueError("a profile needs at least one forward op")
+        n_fwd = len(self._ops)
+        loss = self._ops[-1].outputs[0] if loss is None else loss
+        order = list(backward_order) if backward_order is not None else self._default_order(loss)
+        if len(set(order)) != len(order) or not all(0 <= f < n_fwd for f in order):
+            raise ValueError("backward_order must list distinct forward op positions")
+        bwd_index = {f: n_fwd + j for j, f in enumerate(order)}   # forward op -> backward op
+        n_ops = n_fwd + len(order) + (1 if update_s > 0 else 0)
+        last_op = n_ops - 1
+
+        fwd_consumers: dict[int, list[int]] = {t: [] for t in range(len(self._tensors))}
+        bwd_consumers: dict[int, list[int]] = {t: [] for t in range(len(self._tensors))}
+        for k, op in enumerate(self._ops):
+            for t in dict.fromkeys(op.inputs):
+                fwd_consumers[t].append(k)
+            if k in bwd_index:
+                for t in op.retained:
+                    bwd_consumers[t].append(bwd_index[k])
+        kinds = ["input" if t.is_input else "feature_map" if bwd_consumers[i] else "intermediate"
+                 for i, t in enumerate(self._tensors)]
+
+        ops_rows = []
+        for k, op in enumerate(self._ops):
+            ops_rows.append(dict(op=k, phase="forward", name=op.name, label=op.label, fwd_op=-1,
+                                 duration_s=op.duration_s, inputs=op.inputs, outputs=op.outputs,
+                                 needs=list(dict.fromkeys(op.inputs)),
+                                 transient_bytes=op.transient_bytes))
+        for f in order:
+            op = self._ops[f]
+            ops_rows.append(dict(op=bwd_index[f], phase="backward", name=op.name, label=op.label,
+                                 fwd_op=f, duration_s=op.backward_s, inputs=[], outputs=[],
+                                 needs=op.retained, transient_bytes=op.backward_transient_bytes))
+        if update_s > 0:
+            ops_rows.append(dict(op=last_op, phase="update", name="update", label="", fwd_op=-1,
+                                 duration_s=float(update_s), inputs=[], outputs=[], needs=[],
+                                 transient_bytes=0))
+
+        memory = self._memory_events(loss, order, bwd_index, kinds, fwd_consumers, bwd_consumers, last_op)
+        tensors_rows = self._tensor_rows(kinds, fwd_consumers, bwd_consumers)
+        return Profile(ops_rows, tensors_rows, memory, self._resident, self.device, self.link,
+                       dict(self.meta))
+
+    def _default_order(self, loss: int) -> list[int]:
+        needed, frontier = set(), [loss]
+        while frontier:
+            producer = self._tensors[frontier.pop()].producer
+            if producer >= 0 and producer not in needed:
+                needed.add(producer)
+                frontier.extend(self._ops[producer].inputs)
+        return sorted(needed, reverse=True)
+
+    def _bytes(self, t: int) -> int:
+        return nbytes_of(self._tensors[t].shape, self._tensors[t].dtype)
+
+    def _memory_events(self, loss, order, bwd_index, kinds, fwd_consumers, bwd_consumers, last_op):
+        events: list[tuple] = []   # (op, kind, bytes, tensor, category)
+
+        def add(op, kind, nbytes, tensor=-1, category="activation"):
+            if nbytes > 0:
+                events.append((op, kind, nbytes, tensor, category))
+
+        held_to_end = []
+        for t, tensor in enumerate(self._tensors):
+            if tensor.is_input:
+                add(0, "malloc", self._bytes(t), t)
+                held_to_end.append(t)
+        for k, op in enumerate(self._ops):
+            for t in op.outputs:
+                add(k, "malloc", self._bytes(t), t)
+            add(k, "malloc", op.transient_bytes, category="transient")
+            add(k, "free", op.transient_bytes, category="transient")
+            if k in bwd_index:
+                add(k, "malloc", op.saved_bytes, category="other")
+            for t in dict.fromkeys(op.inputs + op.outputs):
+                if kinds[t] == "intermediate" and fwd_consumers[t] and fwd_consumers[t][-1] == k:
+                    add(k, "free", self._bytes(t), t)
+            for t in op.outputs:
+                if kinds[t] == "intermediate" and not fwd_consumers[t]:
+                    held_to_end.append(t)
+        grad_allocated: set[int] = set()
+        if order:   # the loss gradient seeds backward
+            grad_allocated.add(loss)
+            add(bwd_index[order[0]], "malloc", self._bytes(loss), category="gradient")
+        for f in order:
+            j, op = bwd_index[f], self._ops[f]
+            for t in dict.fromkeys(op.differentiable):
+                if t not in grad_allocated:
+                    grad_allocated.add(t)
+                    add(j, "malloc", self._bytes(t), category="gradient")
+            add(j, "malloc", op.backward_transient_bytes, category="transient")
+            add(j, "free", op.backward_transient_bytes, category="transient")
+            for t in op.outputs:
+                if t in grad_allocated:
+                    add(j, "free", self._bytes(t), category="gradient")
+            add(j, "free", op.saved_bytes, category="other")
+            for t in op.retained:
+                if kinds[t] == "feature_map" and bwd_consumers[t][-1] == j:
+                    add(j, "free", self._bytes(t), t)
+        for t in held_to_end:
+            add(last_op, "free", self._bytes(t), t)
+        # gradients of network inputs that were never consumed by a producer's backward
+        leftover = [t for t in grad_allocated if self._tensors[t].producer < 0
+                    or self._tensors[t].producer not in bwd_index]
+        for t in leftover:
+            add(last_op, "free", self._bytes(t), category="gradient")
+        return [dict(seq=i, op=op, kind=kind, bytes=b, tensor=t, category=c)
+                for i, (op, kind, b, t, c) in enumerate(sorted(events, key=lambda e: e[0]))]
+
+    def _tensor_rows(self, kinds, fwd_consumers, bwd_consumers):
+        rows = []
+        for t, tensor in enumerate(self._tensors):
+            nbytes = self._bytes(t)
+            chain, sources = self._recompute_chain(t, kinds) if kinds[t] == "feature_map" else ([], [])
+            why_not = []
+            if kinds[t] == "input":
+                can = (True, False, False)
+                why_not.append("network input: the caller holds it")
+            elif kinds[t] == "intermediate":
+                can = (True, False, False)
+                why_not.append("intermediate: no backward op needs it")
+            else:
+                refusals = [recompute_refusal(self._ops[k].name) for k in chain]
+                refusals = [r for r in refusals if r]
+                can = (True, True, not refusals)
+                why_not.extend(dict.fromkeys(refusals))
+            rows.append(dict(
+                tensor=t, producer=tensor.producer, output_index=tensor.output_index,
+                shape=tensor.shape, dtype=tensor.dtype, bytes=nbytes, kind=kinds[t],
+                fwd_consumers=fwd_consumers[t], bwd_consumers=bwd_consumers[t],
+                swap_out_s=self.link.swap_out_s(nbytes), swap_in_s=self.link.swap_in_s(nbytes),
+                recompute_ops=chain, recompute_sources=sources,
+                recompute_s=sum(self._ops[k].duration_s for k in chain),
+                can_keep=can[0], can_swap=can[1], can_recompute=can[2],
+                why_not="; ".join(why_not)))
+        return rows
+
+    def _recompute_chain(self, t: int, kinds) -> tuple[list[int], list[int]]:
+        """Forward ops that rebuild ``t`` from the nearest tensors that outlive forward."""
+        chain: set[int] = set()
+        sources: list[int] = []
+        frontier = [t]
+        while frontier:
+            current = frontier.pop()
+            producer = self._tensors[current].producer
+            if producer in chain:
+                continue
+            chain.add(producer)
+            for source in self._ops[producer].inputs:
+                if kinds[source] == "intermediate":
+                    frontier.append(source)
+                elif source not in sources:
+                    sources.append(source)
+        return sorted(chain), sorted(sources)

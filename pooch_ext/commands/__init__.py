@@ -1,0 +1,1 @@
+"""Subcommands of the pooch-ext CLI, one module each."""

@@ -1,0 +1,15 @@
+"""pooch-ext profile (being written)."""
+from __future__ import annotations
+
+import argparse
+
+from pooch_ext.errors import PoochError
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("profile", help="(not yet available)")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    raise PoochError("'profile' is not implemented yet")

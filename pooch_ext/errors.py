@@ -1,0 +1,36 @@
+"""Exceptions users can catch; the CLI prints their message as a one-line error."""
+from __future__ import annotations
+
+
+class PoochError(Exception):
+    """Base class: a problem with the user's input or setup, not a bug."""
+
+
+class ProfileError(PoochError):
+    """A profile folder is missing, malformed or inconsistent (names the file and field)."""
+
+
+class UnknownNameError(PoochError, KeyError):
+    """An unknown model / GPU / link / policy name; the message lists the known ones."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+class BudgetTooSmallError(PoochError):
+    """No plan can run the iteration within the budget; carries the smallest budget that works."""
+
+    def __init__(self, budget_bytes: int, minimum_bytes: int, what: str = "") -> None:
+        from pooch_ext.units import format_bytes
+
+        self.budget_bytes = int(budget_bytes)
+        self.minimum_bytes = int(minimum_bytes)
+        where = f" for {what}" if what else ""
+        super().__init__(
+            f"budget {format_bytes(budget_bytes)} is below the minimum any plan can reach{where}: "
+            f"{format_bytes(minimum_bytes)} ({minimum_bytes} bytes)"
+        )
+
+
+class GraphChangedError(PoochError):
+    """The training graph differs from the profiled one (ops or shapes); a plan cannot apply."""

@@ -1,0 +1,1 @@
+"""Networks of the experiments, as trainable Chainer links."""

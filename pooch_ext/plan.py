@@ -1,0 +1,118 @@
+"""Plan: a class for every feature map, and the schedule of actions that carries it out.
+
+Policies decide the classes; the simulator turns classes into a schedule anchored to op
+boundaries and predicts its time and memory; the executor replays the same schedule inside
+Chainer. Because both follow one schedule, a plan the simulator says fits, fits.
+
+Schedule (a DataFrame, one row per action, sorted by boundary then order)
+    boundary  int  actions at boundary b run after op b-1 has finished and before op b starts;
+                   b == n_ops means after the last op of the iteration
+    order     int  position among the actions of the same boundary
+    action    str  one of ACTIONS
+    tensor    int  the feature map acted on
+
+Actions (every feature-map free is explicit: the executor frees maps early, as simulated)
+    swap_out   start copying the map device -> host on the D2H stream (it stays on the device)
+    release    wait until its swap-out has finished, then drop the device copy
+    swap_in    allocate the map on the device and start copying it host -> device (H2D stream)
+    wait       block compute until its swap-in has finished
+    recompute  re-run its recompute chain on the compute stream; its sources must be present
+    free       drop the device copy without saving it (after its last use, or a
+               recompute-class map after its last forward use)
+
+Swap-in timing (how a policy wants swap-ins placed; the simulator implements each)
+    early          paper 4.3: in order of first backward use, as early as memory allows
+    previous-op    "without scheduling": with the backward op just before the first use
+    previous-conv  SuperNeurons: with the backward of the preceding convolution
+    vdnn           vDNN prefetch: one layer ahead, window up to the previous convolution
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from pooch_ext.errors import PoochError
+
+CLASSES = ("keep", "swap", "recompute")
+ACTIONS = ("swap_out", "release", "swap_in", "wait", "recompute", "free")
+SWAP_IN_TIMINGS = ("early", "previous-op", "previous-conv", "vdnn")
+SCHEDULE_COLUMNS = ("boundary", "order", "action", "tensor")
+TABLE_COLUMNS = ("tensor", "producer", "function", "label", "shape", "bytes", "class",
+                 "swap_out_s", "swap_in_s", "recompute_s", "r", "stall_s")
+
+
+def empty_schedule() -> pd.DataFrame:
+    return pd.DataFrame({"boundary": pd.Series(dtype="int64"), "order": pd.Series(dtype="int64"),
+                         "action": pd.Series(dtype=object), "tensor": pd.Series(dtype="int64")})
+
+
+@dataclass
+class Plan:
+    """What a policy decided, and (once simulated) how it runs and what it costs."""
+
+    policy: str
+    classes: dict[int, str]
+    swap_in_timing: str = "early"
+    feasible: bool = True
+    reason: str = ""
+    schedule: pd.DataFrame = field(default_factory=empty_schedule)
+    table: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=list(TABLE_COLUMNS)))
+    iteration_time_s: float = float("nan")
+    peak_bytes: int = 0
+    budget_bytes: int = 0
+    link: str = ""
+    classify_seconds: float = 0.0
+    timeline: object = None   # the simulator's Timeline for this plan, when simulated
+
+    def __post_init__(self) -> None:
+        bad = {c for c in self.classes.values() if c not in CLASSES}
+        if bad:
+            raise ValueError(f"unknown class(es) {sorted(bad)}; known: {', '.join(CLASSES)}")
+        if self.swap_in_timing not in SWAP_IN_TIMINGS:
+            raise ValueError(f"unknown swap-in timing {self.swap_in_timing!r}; "
+                             f"known: {', '.join(SWAP_IN_TIMINGS)}")
+        self.classes = {int(t): c for t, c in self.classes.items()}
+
+    @property
+    def counts(self) -> dict[str, int]:
+        """Number of feature maps per class, e.g. {'keep': 66, 'swap': 12, 'recompute': 27}."""
+        values = list(self.classes.values())
+        return {c: values.count(c) for c in CLASSES}
+
+    def tensors_of(self, cls: str) -> list[int]:
+        return sorted(t for t, c in self.classes.items() if c == cls)
+
+    def to_csv(self, path: str | Path) -> Path:
+        """The classification table, one row per feature map (plus policy + timing columns)."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        table = self.table.copy() if len(self.table) else pd.DataFrame(
+            {"tensor": list(self.classes), "class": list(self.classes.values())})
+        table["policy"] = self.policy
+        table["swap_in_timing"] = self.swap_in_timing
+        table.to_csv(path, index=False)
+        return path
+
+    @classmethod
+    def read_csv(cls, path: str | Path) -> "Plan":
+        """Classes (and policy / swap-in timing) back from a table written by ``to_csv``."""
+        path = Path(path)
+        if not path.is_file():
+            raise PoochError(f"{path}: no such plan file")
+        try:
+            table = pd.read_csv(path)
+        except (pd.errors.EmptyDataError, pd.errors.ParserError, UnicodeDecodeError) as error:
+            raise PoochError(f"{path}: not a plan CSV ({str(error).splitlines()[0]})") from None
+        for column in ("tensor", "class"):
+            if column not in table.columns:
+                raise PoochError(f"{path}: missing field '{column}'")
+        try:
+            classes = {int(t): str(c) for t, c in zip(table["tensor"], table["class"])}
+            policy = str(table["policy"].iloc[0]) if "policy" in table and len(table) else "file"
+            timing = (str(table["swap_in_timing"].iloc[0])
+                      if "swap_in_timing" in table and len(table) else "early")
+            return cls(policy=policy, classes=classes, swap_in_timing=timing, table=table)
+        except ValueError as error:
+            raise PoochError(f"{path}: {error}") from None

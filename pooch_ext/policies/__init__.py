@@ -1,0 +1,1 @@
+"""Classification policies: each module has classify(profile, budget, link) -> Plan."""

@@ -1,0 +1,429 @@
+"""Profile: one training iteration as the planner sees it (DESIGN.md, "The contracts").
+
+A Profile is plain data: three DataFrames plus a few scalars. It comes either from the cost
+model (analytic, no GPU needed) or from a real run (measured by hooks/profiler.py). Everything
+downstream (simulator, policies, executor) reads only what is described here.
+
+ops (one row per op, in execution order; ``op`` equals the row position)
+    op            int   index in execution order (forward ops, then backward ops, then update)
+    phase         str   "forward" | "backward" | "update"
+    name          str   Chainer function label, e.g. "Convolution2DFunction"
+    label         str   where it came from (link path) when known, else ""
+    fwd_op        int   for a backward op: the forward op it differentiates; else -1
+    duration_s    float compute time of the op
+    inputs        list  activation tensors the op reads (forward ops; [] for backward)
+    outputs       list  activation tensors the op creates (forward ops; [] for backward)
+    needs         list  tensors that must be on the device while the op runs: a forward
+                        op's inputs; for a backward op, the tensors its forward op retained
+    transient_bytes int scratch memory allocated and freed inside the op (im2col buffer, ...)
+
+tensors (activations only; parameters are resident and not listed)
+    tensor        int   id: creation order in the iteration, stable for a static graph
+    producer      int   forward op that creates it; -1 for network inputs
+    output_index  int   which output of the producer (0 for inputs: position among inputs)
+    shape         tuple
+    dtype         str
+    bytes         int
+    kind          str   "input" (network input, held by the caller), "feature_map"
+                        (needed by some backward op: the maps PoocH classifies) or
+                        "intermediate" (no backward op needs it; freed after forward use)
+    fwd_consumers list  forward ops that read it
+    bwd_consumers list  backward ops that need it
+    swap_out_s    float device -> host copy time on the profile's link
+    swap_in_s     float host -> device copy time on the profile's link
+    recompute_ops list  forward ops to re-run to rebuild it, in order, ending with producer
+    recompute_sources list tensors that chain reads and does not rebuild itself
+    recompute_s   float forward time of that chain
+    can_keep, can_swap, can_recompute  bool  which classes are allowed
+    why_not       str   why the disallowed ones are not allowed ("" when all are)
+
+memory (device allocations in program order, attributed to ops)
+    seq           int   global order
+    op            int   op during which it happens
+    kind          str   "malloc" | "free"
+    bytes         int
+    tensor        int   the activation tensor it belongs to, or -1
+    category      str   "activation" | "gradient" | "transient" | "other"
+  The order is the in-core (all-keep) one: a feature map is freed after its last backward
+  use. Policies move feature-map frees; every other event stays where it is.
+
+resident_bytes: parameters, their gradients and optimizer state, which no policy moves.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import pandas as pd
+
+from pooch_ext.errors import ProfileError
+from pooch_ext.links import Link
+
+FORMAT_VERSION = 1
+HEADER_FILE = "profile.json"
+PHASES = ("forward", "backward", "update")
+TENSOR_KINDS = ("input", "feature_map", "intermediate")
+MEMORY_KINDS = ("malloc", "free")
+MEMORY_CATEGORIES = ("activation", "gradient", "transient", "other")
+
+
+# ---------------------------------------------------------------- column specs
+# Each column has a cell type; CSV stores lists as space-separated ints, shapes as "2x3x4".
+
+def _parse_int_list(text: Any) -> list[int]:
+    if isinstance(text, (list, tuple, np.ndarray)):
+        return [int(v) for v in text]
+    if text is None or (isinstance(text, float) and math.isnan(text)):
+        return []
+    text = str(text).strip()
+    return [int(part) for part in text.split()] if text else []
+
+
+def _format_int_list(values: Any) -> str:
+    return " ".join(str(int(v)) for v in values)
+
+
+def _parse_shape(text: Any) -> tuple[int, ...]:
+    if isinstance(text, (list, tuple, np.ndarray)):
+        return tuple(int(v) for v in text)
+    if text is None or (isinstance(text, float) and math.isnan(text)):
+        return ()
+    text = str(text).strip()
+    return tuple(int(part) for part in text.split("x")) if text else ()
+
+
+def _format_shape(shape: Any) -> str:
+    return "x".join(str(int(v)) for v in shape)
+
+
+def _parse_bool(text: Any) -> bool:
+    if isinstance(text, (bool, np.bool_)):
+        return bool(text)
+    lowered = str(text).strip().lower()
+    if lowered in ("true", "1"):
+        return True
+    if lowered in ("false", "0"):
+        return False
+    raise ValueError(f"not a boolean: {text!r}")
+
+
+def _parse_str(text: Any) -> str:
+    if text is None or (isinstance(text, float) and math.isnan(text)):
+        return ""
+    return str(text)
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    parse: Callable[[Any], Any]
+    format: Callable[[Any], Any] = lambda v: v
+
+
+OPS_COLUMNS = (
+    Column("op", int), Column("phase", _parse_str), Column("name", _parse_str),
+    Column("label", _parse_str), Column("fwd_op", int), Column("duration_s", float),
+    Column("inputs", _parse_int_list, _format_int_list),
+    Column("outputs", _parse_int_list, _format_int_list),
+    Column("needs", _parse_int_list, _format_int_list),
+    Column("transient_bytes", int),
+)
+TENSORS_COLUMNS = (
+    Column("tensor", int), Column("producer", int), Column("output_index", int),
+    Column("shape", _parse_shape, _format_shape), Column("dtype", _parse_str),
+    Column("bytes", int), Column("kind", _parse_str),
+    Column("fwd_consumers", _parse_int_list, _format_int_list),
+    Column("bwd_consumers", _parse_int_list, _format_int_list),
+    Column("swap_out_s", float), Column("swap_in_s", float),
+    Column("recompute_ops", _parse_int_list, _format_int_list),
+    Column("recompute_sources", _parse_int_list, _format_int_list),
+    Column("recompute_s", float),
+    Column("can_keep", _parse_bool), Column("can_swap", _parse_bool),
+    Column("can_recompute", _parse_bool), Column("why_not", _parse_str),
+)
+MEMORY_COLUMNS = (
+    Column("seq", int), Column("op", int), Column("kind", _parse_str), Column("bytes", int),
+    Column("tensor", int), Column("category", _parse_str),
+)
+TABLES = {"ops": OPS_COLUMNS, "tensors": TENSORS_COLUMNS, "memory": MEMORY_COLUMNS}
+
+
+def _frame(rows: list[dict] | pd.DataFrame, columns: tuple[Column, ...]) -> pd.DataFrame:
+    """Normalize rows into a frame with exactly the contract's columns, parsed cell types."""
+    frame = pd.DataFrame(rows)
+    for column in columns:
+        if column.name not in frame.columns:
+            frame[column.name] = pd.Series(dtype=object)
+    out = pd.DataFrame({c.name: [c.parse(v) for v in frame[c.name]] for c in columns},
+                       columns=[c.name for c in columns])
+    for column in columns:
+        if column.parse in (int, float):
+            out[column.name] = out[column.name].astype("int64" if column.parse is int else "float64")
+        elif column.parse is _parse_bool:
+            out[column.name] = out[column.name].astype(bool)
+    return out
+
+
+# ---------------------------------------------------------------- the profile
+
+@dataclass
+class Device:
+    """The device the profile describes (a real GPU, a cost-model GPU, or the host simulation)."""
+
+    name: str
+    capacity_bytes: int
+    kind: str = "analytic"  # "analytic" | "cuda" | "host-sim"
+
+
+@dataclass
+class Profile:
+    """One training iteration: ops, tensors, memory events, resident bytes, device, link."""
+
+    ops: pd.DataFrame
+    tensors: pd.DataFrame
+    memory: pd.DataFrame
+    resident_bytes: int
+    device: Device
+    link: Link
+    meta: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.ops = _frame(self.ops, OPS_COLUMNS)
+        self.tensors = _frame(self.tensors, TENSORS_COLUMNS)
+        self.memory = _frame(self.memory, MEMORY_COLUMNS)
+        self.resident_bytes = int(self.resident_bytes)
+
+    # ------------------------------------------------------------ views
+    @property
+    def n_ops(self) -> int:
+        return len(self.ops)
+
+    @property
+    def forward_ops(self) -> pd.DataFrame:
+        return self.ops[self.ops.phase == "forward"]
+
+    @property
+    def backward_ops(self) -> pd.DataFrame:
+        return self.ops[self.ops.phase == "backward"]
+
+    @property
+    def feature_maps(self) -> pd.DataFrame:
+        """The tensors PoocH classifies (needed by some backward op)."""
+        return self.tensors[self.tensors.kind == "feature_map"]
+
+    @property
+    def feature_map_bytes(self) -> int:
+        return int(self.feature_maps["bytes"].sum())
+
+    def memory_curve(self) -> np.ndarray:
+        """Device bytes after each memory event of the in-core order (resident included)."""
+        signed = np.where(self.memory["kind"].to_numpy() == "malloc", 1, -1)
+        return self.resident_bytes + np.cumsum(signed * self.memory["bytes"].to_numpy(np.int64))
+
+    @property
+    def incore_peak_bytes(self) -> int:
+        """Peak device memory of an all-keep run: what plain in-core training needs."""
+        curve = self.memory_curve()
+        return int(max(self.resident_bytes, curve.max() if len(curve) else 0))
+
+    def summary(self) -> dict:
+        """The one-screen facts (the CLI prints these; --json emits them)."""
+        return {
+            "model": self.meta.get("model", ""),
+            "batch": self.meta.get("batch"),
+            "source": self.meta.get("source", ""),
+            "device": self.device.name,
+            "capacity_bytes": int(self.device.capacity_bytes),
+            "link": self.link.name,
+            "ops": self.n_ops,
+            "forward_ops": int(len(self.forward_ops)),
+            "backward_ops": int(len(self.backward_ops)),
+            "tensors": int(len(self.tensors)),
+            "feature_maps": int(len(self.feature_maps)),
+            "feature_map_bytes": self.feature_map_bytes,
+            "resident_bytes": self.resident_bytes,
+            "incore_peak_bytes": self.incore_peak_bytes,
+            "forward_s": float(self.forward_ops.duration_s.sum()),
+            "backward_s": float(self.backward_ops.duration_s.sum()),
+            "iteration_s": float(self.ops.duration_s.sum()),
+        }
+
+    def with_link(self, link: Link) -> "Profile":
+        """The same iteration on another link: swap times recomputed from tensor bytes."""
+        tensors = self.tensors.copy()
+        tensors["swap_out_s"] = [link.swap_out_s(b) for b in tensors["bytes"]]
+        tensors["swap_in_s"] = [link.swap_in_s(b) for b in tensors["bytes"]]
+        return Profile(self.ops.copy(), tensors, self.memory.copy(), self.resident_bytes,
+                       self.device, link, dict(self.meta))
+
+    # ------------------------------------------------------------ equality
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Profile):
+            return NotImplemented
+        return (self.resident_bytes == other.resident_bytes and self.device == other.device
+                and self.link == other.link and self.meta == other.meta
+                and all(_frames_equal(getattr(self, t), getattr(other, t)) for t in TABLES))
+
+    # ------------------------------------------------------------ persistence
+    def save(self, directory: str | Path) -> Path:
+        """Write profile.json + ops.csv, tensors.csv, memory.csv into ``directory``."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        header = {
+            "format_version": FORMAT_VERSION,
+            "resident_bytes": self.resident_bytes,
+            "device": {"name": self.device.name, "capacity_bytes": int(self.device.capacity_bytes),
+                       "kind": self.device.kind},
+            "link": self.link.to_dict(),
+            "meta": self.meta,
+            "rows": {name: int(len(getattr(self, name))) for name in TABLES},
+        }
+        (directory / HEADER_FILE).write_text(json.dumps(header, indent=2, sort_keys=True) + "\n")
+        for name, columns in TABLES.items():
+            frame = getattr(self, name).copy()
+            for column in columns:
+                frame[column.name] = [column.format(v) for v in frame[column.name]]
+            frame.to_csv(directory / f"{name}.csv", index=False)
+        return directory
+
+    @classmethod
+    def load(cls, directory: str | Path) -> "Profile":
+        """Read a folder written by ``save``; any defect raises ProfileError naming file and field."""
+        directory = Path(directory)
+        if not directory.is_dir():
+            raise ProfileError(f"{directory}: not a profile folder (no such directory)")
+        header = _read_header(directory / HEADER_FILE)
+        tables = {name: _read_table(directory / f"{name}.csv", columns, header["rows"].get(name))
+                  for name, columns in TABLES.items()}
+        try:
+            device = Device(**header["device"])
+            link = Link(**header["link"])
+        except (TypeError, ValueError) as error:
+            raise ProfileError(f"{directory / HEADER_FILE}: field 'device'/'link': {error}") from None
+        profile = cls(tables["ops"], tables["tensors"], tables["memory"], header["resident_bytes"],
+                      device, link, header.get("meta", {}))
+        problems = profile.validate()
+        if problems:
+            raise ProfileError(f"{directory}: inconsistent profile: {problems[0]}"
+                               + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
+        return profile
+
+    # ------------------------------------------------------------ consistency
+    def validate(self) -> list[str]:
+        """Cross-table consistency problems, each naming the file and field; [] when sound."""
+        problems: list[str] = []
+        ops, tensors, memory = self.ops, self.tensors, self.memory
+        if list(ops["op"]) != list(range(len(ops))):
+            problems.append("ops.csv field 'op': must be 0, 1, 2, ... in row order")
+        bad_phase = set(ops["phase"]) - set(PHASES)
+        if bad_phase:
+            problems.append(f"ops.csv field 'phase': unknown values {sorted(bad_phase)}")
+        if (ops["duration_s"] < 0).any() or not np.isfinite(ops["duration_s"]).all():
+            problems.append("ops.csv field 'duration_s': must be finite and >= 0")
+        bad_kind = set(tensors["kind"]) - set(TENSOR_KINDS)
+        if bad_kind:
+            problems.append(f"tensors.csv field 'kind': unknown values {sorted(bad_kind)}")
+        if tensors["tensor"].duplicated().any():
+            problems.append("tensors.csv field 'tensor': duplicate ids")
+        if (tensors["bytes"] < 0).any():
+            problems.append("tensors.csv field 'bytes': must be >= 0")
+        known_tensors = set(tensors["tensor"])
+        n = len(ops)
+        for column in ("inputs", "outputs", "needs"):
+            missing = {t for ts in ops[column] for t in ts} - known_tensors
+            if missing:
+                problems.append(f"ops.csv field '{column}': unknown tensors {sorted(missing)[:5]}")
+        for column in ("fwd_consumers", "bwd_consumers", "recompute_ops"):
+            wrong = {o for os_ in tensors[column] for o in os_ if not 0 <= o < n}
+            if wrong:
+                problems.append(f"tensors.csv field '{column}': op indices out of range {sorted(wrong)[:5]}")
+        if ((tensors["producer"] < -1) | (tensors["producer"] >= n)).any():
+            problems.append("tensors.csv field 'producer': op index out of range")
+        backward = ops["phase"] == "backward"
+        if ((ops.loc[backward, "fwd_op"] < 0) | (ops.loc[backward, "fwd_op"] >= n)).any():
+            problems.append("ops.csv field 'fwd_op': a backward op must name its forward op")
+        bad_mem = set(memory["kind"]) - set(MEMORY_KINDS)
+        if bad_mem:
+            problems.append(f"memory.csv field 'kind': unknown values {sorted(bad_mem)}")
+        bad_cat = set(memory["category"]) - set(MEMORY_CATEGORIES)
+        if bad_cat:
+            problems.append(f"memory.csv field 'category': unknown values {sorted(bad_cat)}")
+        if ((memory["op"] < 0) | (memory["op"] >= n)).any():
+            problems.append("memory.csv field 'op': op index out of range")
+        if (np.diff(memory["seq"].to_numpy()) <= 0).any() or (np.diff(memory["op"].to_numpy()) < 0).any():
+            problems.append("memory.csv fields 'seq'/'op': events must be in program order")
+        if (memory["bytes"] < 0).any():
+            problems.append("memory.csv field 'bytes': must be >= 0")
+        return problems
+
+
+def _frames_equal(a: pd.DataFrame, b: pd.DataFrame) -> bool:
+    if list(a.columns) != list(b.columns) or len(a) != len(b):
+        return False
+    for column in a.columns:
+        left, right = list(a[column]), list(b[column])
+        if a[column].dtype == np.float64:
+            if not np.array_equal(np.asarray(left, float), np.asarray(right, float), equal_nan=True):
+                return False
+        elif [list(x) if isinstance(x, (list, tuple)) else x for x in left] != \
+                [list(x) if isinstance(x, (list, tuple)) else x for x in right]:
+            return False
+    return True
+
+
+def _read_header(path: Path) -> dict:
+    if not path.is_file():
+        raise ProfileError(f"{path}: missing (a profile folder holds {HEADER_FILE}, "
+                           f"{', '.join(f'{t}.csv' for t in TABLES)})")
+    try:
+        header = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ProfileError(f"{path}: not valid JSON ({error})") from None
+    if not isinstance(header, dict):
+        raise ProfileError(f"{path}: expected a JSON object")
+    for key in ("format_version", "resident_bytes", "device", "link", "rows"):
+        if key not in header:
+            raise ProfileError(f"{path}: missing field '{key}'")
+    if header["format_version"] != FORMAT_VERSION:
+        raise ProfileError(f"{path}: field 'format_version' is {header['format_version']!r}, "
+                           f"this pooch-ext reads {FORMAT_VERSION}")
+    if not isinstance(header["resident_bytes"], int) or header["resident_bytes"] < 0:
+        raise ProfileError(f"{path}: field 'resident_bytes' must be a non-negative integer")
+    for key in ("device", "link", "rows"):
+        if not isinstance(header[key], dict):
+            raise ProfileError(f"{path}: field '{key}' must be an object")
+    return header
+
+
+def _read_table(path: Path, columns: tuple[Column, ...], expected_rows: int | None) -> pd.DataFrame:
+    if not path.is_file():
+        raise ProfileError(f"{path}: missing")
+    try:
+        raw = pd.read_csv(path, dtype=str, keep_default_na=False)
+    except pd.errors.EmptyDataError:
+        raise ProfileError(f"{path}: empty file (expected a header row)") from None
+    except (pd.errors.ParserError, UnicodeDecodeError) as error:
+        raise ProfileError(f"{path}: not a readable CSV ({str(error).splitlines()[0]})") from None
+    missing = [c.name for c in columns if c.name not in raw.columns]
+    if missing:
+        raise ProfileError(f"{path}: missing field(s) {', '.join(repr(m) for m in missing)}")
+    if expected_rows is not None and len(raw) != expected_rows:
+        raise ProfileError(f"{path}: {len(raw)} rows, the header promises {expected_rows} "
+                           "(file truncated?)")
+    parsed = {}
+    for column in columns:
+        values = []
+        for row, text in enumerate(raw[column.name]):
+            try:
+                if column.parse in (int, float) and text == "":
+                    raise ValueError("empty")
+                values.append(column.parse(text))
+            except (ValueError, TypeError):
+                raise ProfileError(f"{path}: field '{column.name}', row {row + 1}: "
+                                   f"cannot read {text!r}") from None
+        parsed[column.name] = values
+    return _frame(pd.DataFrame(parsed, columns=[c.name for c in columns]), columns)

@@ -1,0 +1,38 @@
+"""Byte quantities as people write them ("16GiB", "500 MB") and as we print them."""
+from __future__ import annotations
+
+import re
+
+_UNITS = {
+    "": 1, "b": 1,
+    "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,
+    "t": 1000**4, "tb": 1000**4,
+    "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4,
+}
+_PATTERN = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_bytes(text: str | int | float) -> int:
+    """Parse '16GiB', '16 GB', '1.5e9', 2**30 into a positive byte count."""
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        value, unit = float(text), ""
+    else:
+        match = _PATTERN.match(str(text))
+        if not match:
+            raise ValueError(f"not a byte size: {text!r} (examples: 16GiB, 500MB, 1e9)")
+        value, unit = float(match.group(1)), match.group(2).lower()
+    if unit not in _UNITS:
+        raise ValueError(f"unknown byte unit {unit!r} in {text!r} (use B, KB, MB, GB, KiB, MiB, GiB)")
+    result = int(round(value * _UNITS[unit]))
+    if result <= 0:
+        raise ValueError(f"byte size must be positive: {text!r}")
+    return result
+
+
+def format_bytes(n: float) -> str:
+    """Binary units, three significant figures: 17179869184 -> '16.0 GiB'."""
+    n = float(n)
+    for unit, scale in (("TiB", 1024**4), ("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if abs(n) >= scale:
+            return f"{n / scale:.3g} {unit}" if n / scale < 100 else f"{n / scale:.0f} {unit}"
+    return f"{n:.0f} B"

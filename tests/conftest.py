@@ -1,0 +1,57 @@
+"""Shared fixtures; GPU tests (mark ``gpu``) skip cleanly where CUDA is absent."""
+from __future__ import annotations
+
+import pytest
+
+import pooch_ext  # noqa: F401  (makes chainer importable on NumPy 2 before any test imports it)
+from pooch_ext.builder import ProfileBuilder
+from pooch_ext.links import get_link
+from pooch_ext.profile import Device
+
+
+def cuda_available() -> bool:
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:
+        return False
+
+
+def pytest_collection_modifyitems(config, items):
+    if cuda_available():
+        return
+    skip = pytest.mark.skip(reason="needs CUDA and CuPy")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+def branchy_builder() -> ProfileBuilder:
+    """conv-bn-relu stem, two conv branches concatenated, a residual add, pool, linear, loss."""
+    b = ProfileBuilder(Device("toy", 1 << 30), get_link("pcie3"), {"model": "toy", "batch": 4})
+    x = b.input((4, 3, 8, 8))
+    t = b.input((4,), "int32")
+    (h,) = b.forward("Convolution2DFunction", [x], [((4, 8, 8, 8), "float32")], 1e-3, 2e-3,
+                     retain_inputs=[0], transient_bytes=4 * 27 * 64 * 4, label="stem/conv")
+    (h,) = b.forward("BatchNormalization", [h], [((4, 8, 8, 8), "float32")], 2e-4, 4e-4,
+                     retain_inputs=[0], saved_bytes=64, label="stem/bn")
+    (h,) = b.forward("ReLU", [h], [((4, 8, 8, 8), "float32")], 1e-4, 1e-4, retain_outputs=[0])
+    (a,) = b.forward("Convolution2DFunction", [h], [((4, 4, 8, 8), "float32")], 8e-4, 1.6e-3,
+                     retain_inputs=[0], label="branch_a")
+    (c,) = b.forward("Convolution2DFunction", [h], [((4, 4, 8, 8), "float32")], 8e-4, 1.6e-3,
+                     retain_inputs=[0], label="branch_b")
+    (m,) = b.forward("Concat", [a, c], [((4, 8, 8, 8), "float32")], 1e-4, 1e-4)
+    (s,) = b.forward("Add", [m, h], [((4, 8, 8, 8), "float32")], 1e-4, 1e-4)
+    (d,) = b.forward("Dropout", [s], [((4, 8, 8, 8), "float32")], 1e-4, 1e-4, saved_bytes=4 * 512 * 4)
+    (p,) = b.forward("AveragePooling2D", [d], [((4, 8, 1, 1), "float32")], 1e-4, 1e-4)
+    (y,) = b.forward("LinearFunction", [p], [((4, 10), "float32")], 1e-4, 2e-4, retain_inputs=[0])
+    b.forward("SoftmaxCrossEntropy", [y, t], [((), "float32")], 1e-4, 1e-4,
+              retain_inputs=[0, 1], differentiable=[0])
+    b.resident(3 * 4 * (8 * 3 * 9 + 2 * 4 * 8 * 9 + 80 + 16))
+    return b
+
+
+@pytest.fixture
+def toy_profile():
+    return branchy_builder().build(update_s=1e-4)

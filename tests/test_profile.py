@@ -1,0 +1,108 @@
+"""Profile contract: builder semantics, save/load round trip, clear errors on bad folders."""
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from pooch_ext.errors import ProfileError
+from pooch_ext.links import get_link
+from pooch_ext.profile import Profile
+
+
+def test_builder_classifies_tensors_by_backward_need(toy_profile):
+    t = toy_profile.tensors.set_index("tensor")
+    assert list(t.kind[:2]) == ["input", "input"]
+    # stem conv output is retained by BN; BN output is not retained (ReLU keeps its output)
+    assert t.kind[2] == "feature_map" and t.kind[3] == "intermediate"
+    # the two branch convs' outputs feed Concat, which retains nothing
+    assert t.kind[5] == t.kind[6] == "intermediate"
+    assert set(toy_profile.feature_maps.tensor) == {2, 4, 10, 11}
+
+
+def test_backward_ops_follow_reverse_order_and_needs(toy_profile):
+    bwd = toy_profile.backward_ops
+    assert list(bwd.fwd_op) == sorted(bwd.fwd_op, reverse=True)
+    relu_bwd = bwd[bwd.name == "ReLU"].iloc[0]
+    assert relu_bwd.needs == [4]
+    assert toy_profile.ops.phase.iloc[-1] == "update"
+
+
+def test_recompute_chain_reaches_through_intermediates(toy_profile):
+    t = toy_profile.tensors.set_index("tensor")
+    # the pooled map (10) is rebuilt from the ReLU output: pool <- dropout <- add <- concat <- convs
+    assert t.recompute_ops[10] == [3, 4, 5, 6, 7, 8]
+    assert t.recompute_sources[10] == [4]
+    assert t.can_recompute[10]
+    assert t.recompute_s[10] == pytest.approx(8e-4 * 2 + 4e-4)
+
+
+def test_memory_balances_and_incore_peak(toy_profile):
+    curve = toy_profile.memory_curve()
+    assert curve[-1] == toy_profile.resident_bytes  # everything allocated is freed
+    assert toy_profile.incore_peak_bytes >= toy_profile.resident_bytes + toy_profile.feature_map_bytes
+
+
+def test_round_trip_is_equal(toy_profile, tmp_path):
+    toy_profile.save(tmp_path / "p")
+    again = Profile.load(tmp_path / "p")
+    assert again == toy_profile
+    assert again.summary() == toy_profile.summary()
+
+
+def test_with_link_rescales_swap_times(toy_profile):
+    fast = toy_profile.with_link(get_link("nvlink2"))
+    assert (fast.tensors.swap_out_s < toy_profile.tensors.swap_out_s).all()
+    assert fast.link.name == "nvlink2" and fast.ops.equals(toy_profile.ops)
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda d: (d / "ops.csv").unlink(), "ops.csv: missing"),
+    (lambda d: (d / "profile.json").write_text("{"), "profile.json: not valid JSON"),
+    (lambda d: (d / "tensors.csv").write_text(""), "tensors.csv: empty file"),
+])
+def test_damaged_folder_names_the_file(toy_profile, tmp_path, damage, message):
+    toy_profile.save(tmp_path)
+    damage(tmp_path)
+    with pytest.raises(ProfileError, match=message.replace(".", r"\.")):
+        Profile.load(tmp_path)
+
+
+def test_missing_or_bad_field_is_named(toy_profile, tmp_path):
+    toy_profile.save(tmp_path)
+    ops = pd.read_csv(tmp_path / "ops.csv", dtype=str, keep_default_na=False).drop(columns=["duration_s"])
+    ops.to_csv(tmp_path / "ops.csv", index=False)
+    with pytest.raises(ProfileError, match="ops.csv: missing field.*'duration_s'"):
+        Profile.load(tmp_path)
+    toy_profile.save(tmp_path)
+    mem = pd.read_csv(tmp_path / "memory.csv", dtype=str, keep_default_na=False)
+    mem.loc[3, "bytes"] = "lots"
+    mem.to_csv(tmp_path / "memory.csv", index=False)
+    with pytest.raises(ProfileError, match="memory.csv: field 'bytes', row 4: cannot read 'lots'"):
+        Profile.load(tmp_path)
+
+
+def test_truncated_and_inconsistent_folders(toy_profile, tmp_path):
+    toy_profile.save(tmp_path)
+    tensors = pd.read_csv(tmp_path / "tensors.csv", dtype=str, keep_default_na=False)
+    tensors.iloc[:-2].to_csv(tmp_path / "tensors.csv", index=False)
+    with pytest.raises(ProfileError, match="tensors.csv: .* rows, the header promises"):
+        Profile.load(tmp_path)
+    toy_profile.save(tmp_path)
+    header = json.loads((tmp_path / "profile.json").read_text())
+    del header["link"]
+    (tmp_path / "profile.json").write_text(json.dumps(header))
+    with pytest.raises(ProfileError, match="missing field 'link'"):
+        Profile.load(tmp_path)
+    toy_profile.save(tmp_path)
+    ops = pd.read_csv(tmp_path / "ops.csv", dtype=str, keep_default_na=False)
+    ops.loc[0, "inputs"] = "999"
+    ops.to_csv(tmp_path / "ops.csv", index=False)
+    with pytest.raises(ProfileError, match="ops.csv field 'inputs': unknown tensors"):
+        Profile.load(tmp_path)
+
+
+def test_not_a_folder(tmp_path):
+    with pytest.raises(ProfileError, match="no such directory"):
+        Profile.load(tmp_path / "nope")
