@@ -1,1 +1,23 @@
-"""Classification policies: each module has classify(profile, budget, link) -> Plan."""
+"""Classification policies: each module has ``classify(profile, budget, link) -> Plan``.
+
+``budget`` is bytes (int or a string such as "16GiB"; None: the device capacity), ``link`` a
+Link or preset name (None: the profile's own swap times). A policy whose classes cannot fit
+returns a plan with ``feasible=False`` and the reason, never one that overflows; a budget below
+``simulator.minimum_budget`` raises BudgetTooSmallError carrying that minimum.
+"""
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+from pooch_ext.errors import UnknownNameError
+
+POLICY_NAMES = ("pooch", "swap-opt", "swap-all", "swap-all-nosched", "in-core", "superneurons",
+                "vdnn-all", "vdnn-conv", "sqrt-n")
+
+
+def get_policy(name: str) -> ModuleType:
+    """The policy module called ``name``; it has ``classify(profile, budget, link) -> Plan``."""
+    if name not in POLICY_NAMES:
+        raise UnknownNameError(f"unknown policy {name!r}; known: {', '.join(POLICY_NAMES)}")
+    return importlib.import_module(f"pooch_ext.policies.{name.replace('-', '_')}")

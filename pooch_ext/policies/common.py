@@ -1,0 +1,43 @@
+"""What every policy does around its decision: resolve inputs, check the minimum, simulate."""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from pooch_ext.errors import BudgetTooSmallError
+from pooch_ext.links import Link, get_link
+from pooch_ext.plan import Plan
+from pooch_ext.profile import Profile
+from pooch_ext.simmodel import NAME, SimModel, compile_profile
+from pooch_ext.simulator import minimum_budget, simulate
+from pooch_ext.units import parse_bytes
+
+
+class Context:
+    """A policy's inputs, resolved once: the model on the link, the budget in bytes, a clock."""
+
+    def __init__(self, profile: Profile, budget: int | str | None, link: Link | str | None,
+                 policy: str) -> None:
+        self.started = time.perf_counter()
+        self.profile = profile
+        self.policy = policy
+        self.link = None if link is None else get_link(link)
+        self.budget = int(profile.device.capacity_bytes if budget is None else parse_bytes(budget))
+        minimum = minimum_budget(profile)
+        if self.budget < minimum:
+            raise BudgetTooSmallError(self.budget, minimum, policy)
+        self.model: SimModel = compile_profile(profile, self.link)
+
+    def plan(self, codes: np.ndarray, timing: str = "early", reason: str = "",
+             r: dict[int, float] | None = None) -> Plan:
+        """Simulate the chosen classes into a finished Plan (schedule, table, seconds taken)."""
+        classes = {int(t): NAME[int(c)] for t, c in zip(self.model.tensor, codes)}
+        plan = Plan(self.policy, classes, swap_in_timing=timing, reason=reason)
+        if r:
+            plan.table = plan.table.iloc[0:0].copy()
+            plan.table["tensor"] = list(r)
+            plan.table["r"] = list(r.values())
+        simulate(self.profile, plan, self.link, self.budget)
+        plan.classify_seconds = time.perf_counter() - self.started
+        return plan

@@ -1,0 +1,16 @@
+"""in-core: every feature map stays on the device (plain training; fails over budget)."""
+from __future__ import annotations
+
+import numpy as np
+
+from pooch_ext.plan import Plan
+from pooch_ext.policies.common import Context
+from pooch_ext.simmodel import KEEP
+
+
+def classify(profile, budget=None, link=None) -> Plan:
+    ctx = Context(profile, budget, link, "in-core")
+    plan = ctx.plan(np.full(ctx.model.m, KEEP))
+    if not plan.feasible:
+        plan.reason = (f"in-core needs {plan.peak_bytes} bytes, the budget is {ctx.budget}")
+    return plan

@@ -1,0 +1,228 @@
+"""SimModel: a Profile compiled into flat arrays for the timeline simulator and the policies.
+
+The simulator runs thousands of times inside a search, so everything that does not depend on
+the classification is computed once here: op durations, the memory level every boundary has
+when no feature map is ever freed, each op's internal peak, and per feature map its bytes,
+producer, last forward use, backward needs, swap and recompute costs, and the extra memory
+its recompute chain needs while it runs.
+
+Memory rule (plan.py, simulator.py): every memory event whose tensor is not a feature map stays
+where the profile put it; a feature map is allocated where its producer allocated it and every
+later drop of it is a schedule action. ``base_level[b]`` is therefore the level at boundary b
+with all feature maps still alive; the class-dependent lifetimes are subtracted from it.
+
+``Lifetimes`` is the static half of a plan: for given classes, where each map is needed in
+backward, where recompute runs, and when each map is dropped for good. Feasibility under a
+budget follows from it alone (``min_top``), since every dynamic choice of the simulator (when
+a swap-out is released, when a swap-in starts) can fall back to the tightest one.
+"""
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+
+import numpy as np
+
+from pooch_ext.links import Link, get_link
+from pooch_ext.profile import Profile
+
+KEEP, SWAP, RECOMPUTE = 0, 1, 2
+CODE = {"keep": KEEP, "swap": SWAP, "recompute": RECOMPUTE}
+NAME = {v: k for k, v in CODE.items()}
+CONV_MARKERS = ("Convolution", "Deconvolution")
+
+
+def is_conv(name: str) -> bool:
+    """Convolution functions (SuperNeurons and vDNN treat them specially)."""
+    return any(marker in name for marker in CONV_MARKERS)
+
+
+@dataclass
+class SimModel:
+    """The classification-independent arrays of one profile on one link."""
+
+    n: int                      # number of ops; boundaries are 0..n
+    n_fwd: int                  # first op that is not a forward op (first backward boundary)
+    dur: np.ndarray             # (n,) compute seconds
+    names: list[str]
+    phases: list[str]
+    base_level: np.ndarray      # (n+1,) bytes at each boundary, no feature map ever dropped
+    peak_inc: np.ndarray        # (n+1,) extra bytes inside op b above its boundary level
+    tensor: np.ndarray          # (m,) feature-map tensor ids, ascending
+    index: dict[int, int]       # tensor id -> feature-map index
+    nbytes: np.ndarray          # (m,) int64
+    producer: np.ndarray        # (m,)
+    last_fwd: np.ndarray        # (m,) last forward op that reads it (its producer if none)
+    bwd_need: list[list[int]]   # backward ops that need it, ascending
+    so_s: np.ndarray            # swap-out seconds
+    si_s: np.ndarray            # swap-in seconds
+    rc_s: np.ndarray            # recompute chain seconds
+    rc_extra: np.ndarray        # bytes the chain needs beyond the map itself while it runs
+    src_fm: list[list[int]]     # feature-map indices among the chain's sources
+    can: np.ndarray             # (m, 3) bool: keep, swap, recompute allowed
+    why_not: list[str]
+    conv_bwd: np.ndarray        # backward op indices whose forward op is a convolution
+    link: Link
+
+    @property
+    def m(self) -> int:
+        return len(self.tensor)
+
+
+_CACHE: dict[tuple[int, str], tuple[weakref.ref, SimModel]] = {}
+
+
+def compile_profile(profile: Profile, link: Link | str | None = None) -> SimModel:
+    """The SimModel of ``profile`` on ``link`` (None: the profile's own swap times); cached."""
+    link_obj = profile.link if link is None else get_link(link)
+    key = (id(profile), "" if link is None else repr(link_obj))
+    hit = _CACHE.get(key)
+    if hit is not None and hit[0]() is profile:
+        return hit[1]
+    model = _compile(profile, None if link is None else link_obj)
+    _CACHE[key] = (weakref.ref(profile), model)
+    if len(_CACHE) > 64:   # drop entries whose profile is gone
+        for k in [k for k, (ref, _) in _CACHE.items() if ref() is None]:
+            del _CACHE[k]
+    return model
+
+
+def _compile(profile: Profile, link: Link | None) -> SimModel:
+    ops, tensors, memory = profile.ops, profile.tensors, profile.memory
+    n = len(ops)
+    phases = list(ops["phase"])
+    n_fwd = next((k for k, p in enumerate(phases) if p != "forward"), n)
+    fms = tensors[tensors["kind"] == "feature_map"].sort_values("tensor")
+    index = {int(t): i for i, t in enumerate(fms["tensor"])}
+
+    # memory: drop feature-map frees, keep every other event where it is
+    is_fm_free = (memory["kind"].to_numpy() == "free") & memory["tensor"].isin(index).to_numpy()
+    events = memory[~is_fm_free]
+    signed = np.where(events["kind"].to_numpy() == "malloc", 1, -1) * events["bytes"].to_numpy(np.int64)
+    delta = np.zeros(n + 1, np.int64)
+    peak_inc = np.zeros(n + 1, np.int64)
+    op_of = events["op"].to_numpy()
+    if len(signed):
+        starts = np.flatnonzero(np.r_[True, op_of[1:] != op_of[:-1]])
+        ends = np.r_[starts[1:], len(op_of)]
+        for a, z in zip(starts, ends):
+            prefix = np.cumsum(signed[a:z])
+            delta[op_of[a]] = prefix[-1]
+            peak_inc[op_of[a]] = max(0, int(prefix.max()))
+    base_level = profile.resident_bytes + np.r_[0, np.cumsum(delta[:n])]
+
+    names = list(ops["name"])
+    durations = ops["duration_s"].to_numpy(float)
+    nbytes = fms["bytes"].to_numpy(np.int64)
+    if link is None:
+        so_s, si_s = fms["swap_out_s"].to_numpy(float), fms["swap_in_s"].to_numpy(float)
+    else:
+        so_s = np.array([link.swap_out_s(b) for b in nbytes], float)
+        si_s = np.array([link.swap_in_s(b) for b in nbytes], float)
+    last_fwd = np.array([max([p] + list(c)) for p, c in zip(fms["producer"], fms["fwd_consumers"])],
+                        np.int64)
+    src_fm = [[index[s] for s in srcs if s in index] for srcs in fms["recompute_sources"]]
+    rc_extra = np.array([_chain_extra(profile, list(chain), int(t))
+                         for chain, t in zip(fms["recompute_ops"], fms["tensor"])], np.int64)
+    fwd_ops = ops["fwd_op"].to_numpy()
+    conv_bwd = np.array([k for k in range(n_fwd, n) if phases[k] == "backward"
+                         and is_conv(names[int(fwd_ops[k])])], np.int64)
+    return SimModel(
+        n=n, n_fwd=n_fwd, dur=durations, names=names, phases=phases,
+        base_level=base_level.astype(np.int64), peak_inc=peak_inc,
+        tensor=fms["tensor"].to_numpy(np.int64), index=index, nbytes=nbytes,
+        producer=fms["producer"].to_numpy(np.int64), last_fwd=last_fwd,
+        bwd_need=[sorted(int(k) for k in c) for c in fms["bwd_consumers"]],
+        so_s=so_s, si_s=si_s, rc_s=fms["recompute_s"].to_numpy(float), rc_extra=rc_extra,
+        src_fm=src_fm, can=fms[["can_keep", "can_swap", "can_recompute"]].to_numpy(bool),
+        why_not=list(fms["why_not"]), conv_bwd=conv_bwd,
+        link=profile.link if link is None else link)
+
+
+def _chain_extra(profile: Profile, chain: list[int], target: int) -> int:
+    """Peak bytes a recompute chain holds beyond ``target`` itself while it runs.
+
+    Each chain op allocates its outputs and its transient scratch; an output is dropped as soon
+    as no later chain op reads it (the target stays).
+    """
+    if not chain:
+        return 0
+    ops = profile.ops
+    tbytes = dict(zip(profile.tensors["tensor"], profile.tensors["bytes"]))
+    last_read: dict[int, int] = {}
+    for pos, k in enumerate(chain):
+        for t in ops.at[k, "inputs"]:
+            last_read[t] = pos
+    live: dict[int, int] = {}
+    peak = 0
+    for pos, k in enumerate(chain):
+        for t in ops.at[k, "outputs"]:
+            live[t] = int(tbytes[t])
+        peak = max(peak, sum(live.values()) + int(ops.at[k, "transient_bytes"]))
+        for t in [t for t in live if t != target and last_read.get(t, -1) <= pos]:
+            del live[t]
+    return max(0, peak - int(tbytes[target]))
+
+
+@dataclass
+class Lifetimes:
+    """The static part of a classification: needs, recompute points, final drops."""
+
+    codes: np.ndarray           # (m,) KEEP / SWAP / RECOMPUTE
+    need: list[list[int]]       # ops (backward ops and recompute points) that read each map
+    first: np.ndarray           # (m,) first backward need
+    end: np.ndarray             # (m,) boundary where it is dropped for good
+    rc_point: np.ndarray        # (m,) boundary where a recompute-class map is rebuilt, else -1
+
+
+def lifetimes(model: SimModel, codes: np.ndarray) -> Lifetimes:
+    """Needs including recompute sources: recomputing Y at its first need reads its sources."""
+    need = [list(v) for v in model.bwd_need]
+    rc_point = np.full(model.m, -1, np.int64)
+    for i in range(model.m - 1, -1, -1):      # descendants first: sources have smaller ids
+        if codes[i] == RECOMPUTE:
+            point = min(need[i])
+            rc_point[i] = point
+            for s in model.src_fm[i]:
+                need[s].append(point)
+    first = np.array([min(v) for v in need], np.int64)
+    end = np.array([max(v) + 1 for v in need], np.int64)
+    return Lifetimes(codes, need, first, end, rc_point)
+
+
+def static_top(model: SimModel, life: Lifetimes, minimal: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(level, top) per boundary from the static lifetimes; top = level + peak inside the op.
+
+    ``minimal``: swapped maps are absent from the boundary after their last forward use until
+    their first backward need (the tightest any schedule can do); otherwise they are counted
+    alive until their final drop (the simulator then subtracts releases and adds swap-ins).
+    """
+    n = model.n
+    diff = np.zeros(n + 2, np.int64)
+    codes, nb = life.codes, model.nbytes
+    np.add.at(diff, life.end, -nb)
+    hole = (codes == RECOMPUTE) | ((codes == SWAP) & minimal)
+    hole_start = model.last_fwd[hole] + 1
+    hole_end = np.where(codes[hole] == RECOMPUTE, life.rc_point[hole], life.first[hole])
+    np.add.at(diff, hole_start, -nb[hole])
+    np.add.at(diff, hole_end, nb[hole])
+    level = model.base_level + np.cumsum(diff)[: n + 1]
+    extra = np.zeros(n + 1, np.int64)
+    rc = np.flatnonzero(codes == RECOMPUTE)
+    if len(rc):
+        np.maximum.at(extra, life.rc_point[rc], model.rc_extra[rc])
+    return level, level + np.maximum(model.peak_inc, extra)
+
+
+def codes_of(model: SimModel, classes: dict[int, str]) -> np.ndarray:
+    """Class codes per feature map; maps a plan leaves out are kept. Bad input raises ValueError."""
+    codes = np.zeros(model.m, np.int64)
+    for t, c in classes.items():
+        i = model.index.get(int(t))
+        if i is None:
+            raise ValueError(f"tensor {t} is not a feature map of this profile")
+        code = CODE[c]
+        if not model.can[i, code]:
+            raise ValueError(f"tensor {t} cannot be {c}: {model.why_not[i] or 'not allowed'}")
+        codes[i] = code
+    return codes

@@ -1,0 +1,437 @@
+"""Timeline simulator: predict time and memory of a plan, and write the schedule that runs it.
+
+Three engines work in parallel, each serial: compute (ops and recomputation), D2H (swap-outs)
+and H2D (swap-ins). Memory is a deterministic function of the op sequence and the schedule;
+only time is simulated. The simulator walks the op boundaries in order and decides at which
+boundary each action happens, from its predicted times:
+
+* a swapped map's swap-out starts at the boundary after its producer; its device copy is
+  ``release``d at the first boundary where the copy is predicted done and no forward op reads
+  it any more. When an op's memory would not fit, pending swap-outs are released in copy
+  order and compute stalls until those copies finish (the executor waits there too);
+* swap-ins follow the plan's ``swap_in_timing`` (plan.py): ``early`` (paper 4.3: in order of
+  first backward use, each as soon as its swap-out is done and memory has room for it until
+  its last use), ``previous-op``, ``previous-conv`` or ``vdnn``; a swap-in that a fixed rule
+  places where memory has no room is delayed to the first boundary that has it (counted);
+* a recompute-class map is freed after its last forward use and rebuilt by its recompute
+  chain right before its first backward need (its sources are needs at that point);
+* a backward op (or a recompute) waits for the swap-ins it needs; each stall is attributed
+  to the tensor it waited for.
+
+Memory of an op b is the level at boundary b plus the op's internal peak (its outputs,
+gradients and scratch, from the profile's events); the plan fits when that never exceeds the
+budget. Feasibility depends only on the classes (simmodel.static_top): the dynamic choices
+always have a tightest fallback, so a plan is infeasible only when its static memory is.
+"""
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from pooch_ext.links import Link
+from pooch_ext.plan import Plan
+from pooch_ext.profile import Profile
+from pooch_ext.simmodel import (KEEP, RECOMPUTE, SWAP, SimModel, codes_of, compile_profile,
+                                lifetimes, static_top)
+
+EPS = 1e-12
+
+
+@dataclass
+class RunResult:
+    """What one simulation found (cheap to make; the search uses it directly)."""
+
+    time_s: float
+    feasible: bool
+    peak_bytes: int
+    reason: str
+    forward_end_s: float
+    l_out: list[int]            # feature-map indices whose swap-out compute waited on / ran late
+    l_in: list[int]             # feature-map indices whose swap-in a backward op waited on
+    stall_d2h: np.ndarray       # (m,) seconds compute waited on each map's swap-out
+    stall_h2d: np.ndarray       # (m,) seconds compute waited on each map's swap-in
+    delayed: int                # swap-ins a fixed rule wanted earlier than memory allowed
+    trace: dict | None = None   # intervals and actions (record=True)
+
+
+@dataclass
+class Timeline:
+    """A simulated iteration: time, memory, intervals per engine, stalls per tensor."""
+
+    feasible: bool
+    reason: str
+    iteration_time_s: float
+    forward_end_s: float
+    peak_bytes: int
+    budget_bytes: int
+    link: str
+    swap_in_timing: str
+    ops: pd.DataFrame           # op, phase, name, start_s, end_s, stall_s, recompute_s
+    transfers: pd.DataFrame     # tensor, direction (d2h/h2d), boundary, start_s, end_s, bytes
+    recomputes: pd.DataFrame    # tensor, boundary, start_s, end_s
+    memory: pd.DataFrame        # boundary, time_s, bytes, peak_bytes
+    stalls: pd.DataFrame        # tensor, swap_out_stall_s, swap_in_stall_s, stall_s
+    l_out: list[int] = field(default_factory=list)   # tensor ids (paper's L_O)
+    l_in: list[int] = field(default_factory=list)    # tensor ids (paper's L_I)
+    delayed_swap_ins: int = 0
+    schedule: pd.DataFrame | None = None
+
+    @property
+    def total_stall_s(self) -> float:
+        return float(self.stalls["stall_s"].sum()) if len(self.stalls) else 0.0
+
+
+# ------------------------------------------------------------------ public API
+
+def simulate(profile: Profile, plan: Plan, link: Link | str | None = None,
+             budget: int | None = None) -> Timeline:
+    """Simulate ``plan`` on ``profile``: fills plan.schedule (and time, peak, table); the Timeline.
+
+    ``link`` None uses the profile's own swap times, a Link or preset name times from bytes;
+    ``budget`` None is the device capacity.
+    """
+    from pooch_ext.classtable import plan_table
+
+    model = compile_profile(profile, link)
+    budget_bytes = int(profile.device.capacity_bytes if budget is None else budget)
+    codes = codes_of(model, plan.classes)
+    result = run(model, codes, plan.swap_in_timing, budget_bytes, record=True)
+    timeline = _timeline(model, result, budget_bytes, plan.swap_in_timing)
+    plan.schedule = timeline.schedule
+    plan.iteration_time_s = timeline.iteration_time_s
+    plan.peak_bytes = timeline.peak_bytes
+    plan.budget_bytes = budget_bytes
+    plan.link = model.link.name
+    plan.timeline = timeline
+    if not timeline.feasible:
+        plan.feasible = False
+        plan.reason = plan.reason or timeline.reason
+    plan.table = plan_table(profile, plan, timeline, model)
+    return timeline
+
+
+def minimum_budget(profile: Profile) -> int:
+    """The smallest budget any plan can run in: every map swapped (or, where it may not be,
+    recomputed or kept), each present only while an op reads it."""
+    model = compile_profile(profile)
+    codes = tightest_codes(model)
+    _, top = static_top(model, lifetimes(model, codes), minimal=True)
+    return int(top.max())
+
+
+def tightest_codes(model: SimModel) -> np.ndarray:
+    """Swap where allowed, else recompute where allowed, else keep."""
+    return np.where(model.can[:, 1], SWAP, np.where(model.can[:, 2], RECOMPUTE, KEEP))
+
+
+def fits(model: SimModel, codes: np.ndarray, budget: int) -> bool:
+    """Whether some schedule of these classes fits ``budget`` (the simulator finds it)."""
+    _, top = static_top(model, lifetimes(model, codes), minimal=True)
+    return bool(top.max() <= budget)
+
+
+# ------------------------------------------------------------------ the engine
+
+def _swap_in_targets(model: SimModel, timing: str, order: list[int], first: np.ndarray) -> dict:
+    """Earliest boundary each swap-in may start at under a fixed timing rule."""
+    n_fwd = model.n_fwd
+    if timing == "previous-op":
+        return {i: max(int(first[i]) - 1, n_fwd) for i in order}
+    if timing == "previous-conv":
+        conv = model.conv_bwd
+        out = {}
+        for i in order:
+            pos = np.searchsorted(conv, first[i]) - 1
+            out[i] = int(conv[pos]) if pos >= 0 and conv[pos] >= n_fwd else n_fwd
+        return out
+    return {i: n_fwd for i in order}   # early, vdnn (vdnn adds its window at run time)
+
+
+def run(model: SimModel, codes: np.ndarray, timing: str = "early", budget: float = math.inf,
+        record: bool = False) -> RunResult:
+    """One simulation of classes ``codes`` (per feature map) under ``budget`` bytes."""
+    n, n_fwd, m = model.n, model.n_fwd, model.m
+    life = lifetimes(model, codes)
+    level, top = static_top(model, life, minimal=False)
+    nbytes, end, first = model.nbytes, life.end, life.first
+    so_s, si_s, dur = model.so_s, model.si_s, model.dur
+    unlimited = not math.isfinite(budget)
+    vdnn = timing == "vdnn"
+
+    # static per-boundary actions
+    so_at: dict[int, list[int]] = {}
+    rc_at: dict[int, list[int]] = {}
+    free_at: dict[int, list[int]] = {}
+    src_wait_at: dict[int, list[int]] = {}
+    op_wait_at: dict[int, list[int]] = {}
+    for i in range(m):
+        c = codes[i]
+        free_at.setdefault(int(end[i]), []).append(i)
+        if c == SWAP:
+            so_at.setdefault(int(model.producer[i]) + 1, []).append(i)
+            as_source = set(life.need[i]) - set(model.bwd_need[i])
+            for b in sorted(set(life.need[i])):
+                (src_wait_at if b in as_source else op_wait_at).setdefault(b, []).append(i)
+        elif c == RECOMPUTE:
+            free_at.setdefault(int(model.last_fwd[i]) + 1, []).append(i)
+            rc_at.setdefault(int(life.rc_point[i]), []).append(i)
+    swapped = [i for i in range(m) if codes[i] == SWAP]
+    queue = sorted(swapped, key=lambda i: (first[i], i))
+    target = _swap_in_targets(model, timing, queue, first)
+    conv_bwd = model.conv_bwd
+
+    so_done = np.zeros(m)
+    si_done = np.full(m, math.inf)
+    released = np.zeros(m, bool)
+    stall_d2h = np.zeros(m)
+    stall_h2d = np.zeros(m)
+    l_out: set[int] = set()
+    l_in: set[int] = set()
+    inflight: deque[int] = deque()      # swap-outs not yet released, in copy order
+    done_wait: list[int] = []           # copied, but a forward op still reads them
+    t = d2h_free = h2d_free = 0.0
+    qpos = 0
+    delayed = 0
+    overflow = ""
+    sync_prev: list[int] = []           # vDNN: prefetches the next op synchronizes on
+    rec = _Recorder(n) if record else None
+
+    def release(i: int, b: int) -> None:
+        released[i] = True
+        top[b:end[i]] -= nbytes[i]
+        level[b:end[i]] -= nbytes[i]
+        if rec:
+            rec.action(b, "release", i)
+
+    def release_done(b: int) -> None:
+        nonlocal done_wait
+        while inflight and so_done[inflight[0]] <= t + EPS:
+            i = inflight.popleft()
+            if model.last_fwd[i] < b:
+                release(i, b)
+            else:
+                done_wait.append(i)
+        if done_wait:
+            keep = []
+            for i in done_wait:
+                if model.last_fwd[i] < b:
+                    release(i, b)
+                else:
+                    keep.append(i)
+            done_wait = keep
+
+    def wait_swap_out(i: int, b: int) -> None:
+        """Compute waits for map i's swap-out to finish, then releases whatever is done."""
+        nonlocal t
+        if so_done[i] > t + EPS:
+            stall_d2h[i] += so_done[i] - t
+            t = so_done[i]
+        l_out.add(i)
+        release_done(b)
+
+    def force_release(b: int, need: float) -> bool:
+        """Release pending swap-outs in copy order until ``need`` bytes fit; stall compute."""
+        while top[b] + need > budget:
+            i = next((j for j in inflight if model.last_fwd[j] < b), -1)
+            if i < 0:
+                return False
+            wait_swap_out(i, b)
+        return True
+
+    def room(i: int, b: int) -> bool:
+        return unlimited or top[b:end[i]].max() + nbytes[i] <= budget
+
+    def swap_in(i: int, b: int) -> None:
+        nonlocal h2d_free
+        top[b:end[i]] += nbytes[i]
+        level[b:end[i]] += nbytes[i]
+        start = max(t, h2d_free)
+        h2d_free = si_done[i] = start + si_s[i]
+        if rec:
+            rec.action(b, "swap_in", i)
+            rec.transfer(i, "h2d", b, start, h2d_free)
+
+    def wait_for(i: int, b: int) -> None:
+        nonlocal t
+        if si_done[i] > t + EPS:
+            stall_h2d[i] += si_done[i] - t
+            t = si_done[i]
+            if b >= n_fwd:
+                l_in.add(i)
+        if rec:
+            rec.action(b, "wait", i)
+
+    forward_end = 0.0
+    for b in range(n + 1):
+        if b == n_fwd:
+            forward_end = t
+        if rec:
+            rec.arrive(b, t)
+            for i in free_at.get(b, ()):
+                rec.action(b, "free", i)
+        for i in so_at.get(b, ()):
+            start = max(t, d2h_free)
+            d2h_free = so_done[i] = start + so_s[i]
+            inflight.append(i)
+            if rec:
+                rec.action(b, "swap_out", i)
+                rec.transfer(i, "d2h", b, start, d2h_free)
+        release_done(b)
+        if vdnn:   # vDNN offload: compute waits for the copy at the end of the layer
+            for i in [j for j in inflight if model.last_fwd[j] < b]:
+                if not released[i]:
+                    wait_swap_out(i, b)
+        if b < n and not unlimited and top[b] > budget and not force_release(b, 0) and not overflow:
+            overflow = (f"op {b} ({model.names[b]}) needs {int(top[b])} bytes with every "
+                        f"possible release done; budget {int(budget)}")
+        # swap-ins
+        sync_now: list[int] = []
+        if b >= n_fwd and b < n:
+            issued_here = 0
+            window_end = n
+            if vdnn:
+                pos = np.searchsorted(conv_bwd, b + 1)
+                window_end = int(conv_bwd[pos]) if pos < len(conv_bwd) else n
+            while qpos < len(queue):
+                i = queue[qpos]
+                forced = first[i] == b
+                if not forced:
+                    if target[i] > b:
+                        break
+                    if vdnn and (issued_here or first[i] > window_end):
+                        break
+                if not released[i]:
+                    if not forced:
+                        break
+                    wait_swap_out(i, b)
+                if not room(i, b):
+                    if not forced:
+                        if timing != "early" and b == max(target[i], n_fwd):
+                            delayed += 1
+                        break
+                    if not force_release(b, nbytes[i]) and not overflow:
+                        overflow = (f"swap-in of tensor {int(model.tensor[i])} before op {b} "
+                                    f"({model.names[b]}) does not fit the budget {int(budget)}")
+                swap_in(i, b)
+                qpos += 1
+                issued_here += 1
+                if vdnn and not forced:
+                    sync_now.append(i)
+                    break
+        # recompute (sources first), then the op's own waits
+        if b in rc_at:
+            for i in src_wait_at.get(b, ()):
+                wait_for(i, b)
+            for i in rc_at[b]:
+                start = t
+                t += model.rc_s[i]
+                if rec:
+                    rec.action(b, "recompute", i)
+                    rec.recompute(i, b, start, t)
+        for i in op_wait_at.get(b, ()):
+            wait_for(i, b)
+        for i in sync_prev:
+            if first[i] != b:
+                wait_for(i, b)
+        sync_prev = sync_now
+        if b < n:
+            if rec:
+                rec.op(b, t)
+            t += dur[b]
+    if n_fwd >= n:
+        forward_end = t
+
+    for i in swapped:
+        if so_done[i] > forward_end + EPS:
+            l_out.add(i)
+    peak = int(top.max()) if len(top) else 0
+    feasible = unlimited or peak <= budget
+    reason = "" if feasible else (overflow or f"peak {peak} bytes exceeds the budget {int(budget)}")
+    result = RunResult(t, feasible, peak, reason, forward_end, sorted(l_out), sorted(l_in),
+                       stall_d2h, stall_h2d, delayed)
+    if rec:
+        result.trace = rec.finish(level, top)
+    return result
+
+
+class _Recorder:
+    """Intervals and actions of one simulation, for the Timeline and the schedule."""
+
+    def __init__(self, n: int) -> None:
+        self.arrival = np.zeros(n + 1)
+        self.start = np.zeros(n)
+        self.actions: list[tuple[int, str, int]] = []
+        self.transfers: list[tuple] = []
+        self.recomputes: list[tuple] = []
+
+    def arrive(self, b: int, t: float) -> None:
+        self.arrival[b] = t
+
+    def op(self, b: int, t: float) -> None:
+        self.start[b] = t
+
+    def action(self, b: int, kind: str, i: int) -> None:
+        self.actions.append((b, kind, i))
+
+    def transfer(self, i, direction, b, start, end) -> None:
+        self.transfers.append((i, direction, b, start, end))
+
+    def recompute(self, i, b, start, end) -> None:
+        self.recomputes.append((i, b, start, end))
+
+    def finish(self, level: np.ndarray, top: np.ndarray) -> dict:
+        return {"arrival": self.arrival, "start": self.start, "actions": self.actions,
+                "transfers": self.transfers, "recomputes": self.recomputes,
+                "level": level.copy(), "top": top.copy()}
+
+
+def _timeline(model: SimModel, r: RunResult, budget: int, timing: str) -> Timeline:
+    tr = r.trace
+    tid = model.tensor
+    n = model.n
+    start = tr["start"]
+    end = start + model.dur
+    rc = pd.DataFrame(tr["recomputes"], columns=["i", "boundary", "start_s", "end_s"])
+    rc_time = np.zeros(n)
+    if len(rc):
+        np.add.at(rc_time, rc["boundary"].to_numpy()[rc["boundary"].to_numpy() < n],
+                  (rc["end_s"] - rc["start_s"]).to_numpy()[rc["boundary"].to_numpy() < n])
+    arrival = tr["arrival"][:n]
+    stall = np.maximum(0.0, start - arrival - rc_time)
+    ops = pd.DataFrame({"op": np.arange(n), "phase": model.phases, "name": model.names,
+                        "start_s": start, "end_s": end, "stall_s": stall, "recompute_s": rc_time})
+    transfers = pd.DataFrame(tr["transfers"], columns=["i", "direction", "boundary", "start_s", "end_s"])
+    transfers.insert(0, "tensor", tid[transfers.pop("i").to_numpy(np.int64)] if len(transfers)
+                     else pd.Series(dtype="int64"))
+    transfers["bytes"] = model.nbytes[[model.index[t] for t in transfers["tensor"]]] \
+        if len(transfers) else pd.Series(dtype="int64")
+    rc.insert(0, "tensor", tid[rc.pop("i").to_numpy(np.int64)] if len(rc) else pd.Series(dtype="int64"))
+    times = np.r_[start, r.time_s]
+    memory = pd.DataFrame({"boundary": np.arange(n + 1), "time_s": times,
+                           "bytes": tr["level"], "peak_bytes": tr["top"]})
+    stalls = pd.DataFrame({"tensor": tid, "swap_out_stall_s": r.stall_d2h,
+                           "swap_in_stall_s": r.stall_h2d})
+    stalls["stall_s"] = stalls.swap_out_stall_s + stalls.swap_in_stall_s
+    schedule = _schedule_frame(model, tr["actions"])
+    return Timeline(r.feasible, r.reason, r.time_s, r.forward_end_s, r.peak_bytes, budget,
+                    model.link.name, timing, ops, transfers, rc, memory, stalls,
+                    [int(tid[i]) for i in r.l_out], [int(tid[i]) for i in r.l_in], r.delayed,
+                    schedule)
+
+
+def _schedule_frame(model: SimModel, actions: list[tuple[int, str, int]]) -> pd.DataFrame:
+    frame = pd.DataFrame(actions, columns=["boundary", "action", "i"])
+    frame["tensor"] = model.tensor[frame.pop("i").to_numpy(np.int64)] if len(frame) else []
+    frame["order"] = frame.groupby("boundary").cumcount() if len(frame) else []
+    frame = frame[["boundary", "order", "action", "tensor"]].astype(
+        {"boundary": "int64", "order": "int64", "tensor": "int64"})
+    frame["action"] = frame["action"].astype(object)
+    return frame.reset_index(drop=True)
+
+
+# re-exported: the schedule's own checks (the executor's tests use them too)
+from pooch_ext.schedule_check import schedule_memory, validate_schedule  # noqa: E402,F401

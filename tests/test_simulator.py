@@ -1,0 +1,136 @@
+"""Simulator on hand-built timelines whose answer is worked out by hand in each test.
+
+The chain: x -> op0 -> t1 -> op1 -> t2 -> op2 -> t3 -> op3 (loss); op k keeps its input for
+backward, so t1, t2, t3 are the feature maps, needed by backward ops 6, 5, 4. The link moves
+4000 bytes/s with no latency, so a 12000-byte map takes 3 s each way.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pooch_ext.links import Link
+from pooch_ext.plan import Plan
+from pooch_ext.simulator import minimum_budget, schedule_memory, simulate, validate_schedule
+from pooch_ext.synthetic import chain_profile
+
+SLOW = Link("slow", 4000, 4000, 0.0)
+
+
+def chain(fwd=(2, 2, 2, 2), bwd=(2, 2, 2, 2), nbytes=12000, scratch=None):
+    return chain_profile(list(fwd), list(bwd), nbytes=nbytes, link=SLOW, transient_bytes=scratch)
+
+
+def run(profile, classes, timing="early", budget=None):
+    plan = Plan("test", classes, swap_in_timing=timing)
+    timeline = simulate(profile, plan, budget=budget)
+    assert validate_schedule(profile, plan) == []
+    memory = schedule_memory(profile, plan.schedule)
+    assert np.array_equal(memory.peak_bytes, timeline.memory.peak_bytes)
+    return plan, timeline
+
+
+def actions(plan, tensor):
+    s = plan.schedule[plan.schedule.tensor == tensor]
+    return list(zip(s.boundary, s.action))
+
+
+def test_in_core_time_is_the_sum_of_op_times():
+    p = chain()
+    _, tl = run(p, {1: "keep", 2: "keep", 3: "keep"})
+    assert tl.iteration_time_s == pytest.approx(16.0)
+    assert tl.peak_bytes == p.incore_peak_bytes
+    assert tl.total_stall_s == 0
+
+
+def test_overlap_hidden_costs_nothing():
+    # 1 s swaps behind 2 s ops: t1 out [2,3], t2 out [4,5]; both back in during op3's backward
+    p = chain(nbytes=4000)
+    plan, tl = run(p, {1: "swap", 2: "swap", 3: "keep"})
+    assert tl.iteration_time_s == pytest.approx(16.0)
+    assert tl.total_stall_s == 0 and tl.l_in == [] and tl.l_out == []
+    assert actions(plan, 2) == [(2, "swap_out"), (3, "release"), (4, "swap_in"), (5, "wait"),
+                                (6, "free")]
+
+
+def test_overlap_not_hidden_stalls_backward_and_names_the_tensors():
+    # 3 s swaps: t2 out [5,8]; in [8,11] then t1 in [11,14]; op5 waits 10->11, op6 13->14
+    p = chain()
+    _, tl = run(p, {1: "swap", 2: "swap", 3: "keep"})
+    assert tl.iteration_time_s == pytest.approx(18.0)
+    stalls = tl.stalls.set_index("tensor").swap_in_stall_s
+    assert stalls[2] == pytest.approx(1.0) and stalls[1] == pytest.approx(1.0)
+    assert tl.l_in == [1, 2]
+    assert list(tl.ops.start_s[4:]) == pytest.approx([8, 11, 14, 16])
+
+
+def test_memory_stall_waits_for_the_swap_out_it_releases():
+    # Before op2 the device holds x + t1 + t2 = 36000 bytes; op2 adds t3 and 12000 bytes of
+    # scratch. The backward needs 48004 bytes at least, which is the minimum budget: op2
+    # must wait until t1's swap-out (started at 2 s, 3 s long) finishes at 5 s.
+    p = chain(scratch=[0, 0, 12000, 0])
+    assert minimum_budget(p) == 48004
+    plan, tl = run(p, {1: "swap", 2: "swap", 3: "swap"}, budget=48004)
+    assert tl.feasible and tl.peak_bytes <= 48004
+    assert tl.ops.start_s[2] == pytest.approx(5.0)
+    assert tl.stalls.set_index("tensor").swap_out_stall_s[1] == pytest.approx(1.0)
+    assert (2, "release") in actions(plan, 1) and 1 in tl.l_out
+    # without the budget nothing waits in forward
+    _, free = run(p, {1: "swap", 2: "swap", 3: "swap"})
+    assert free.ops.start_s[2] == pytest.approx(4.0)
+
+
+def test_early_swap_in_moves_a_swap_in_earlier_than_without_scheduling():
+    # 1.5 s swaps, op2's backward is short (0.5 s): early starts t1's swap-in at boundary 4
+    # (done 11), without scheduling it starts with op5 at 10 s (done 11.5)
+    p = chain(bwd=(2, 2, 0.5, 2), nbytes=6000)
+    early, tl_early = run(p, {1: "swap", 2: "swap", 3: "keep"}, "early")
+    late, tl_late = run(p, {1: "swap", 2: "swap", 3: "keep"}, "previous-op")
+    assert (4, "swap_in") in actions(early, 1) and (5, "swap_in") in actions(late, 1)
+    assert tl_early.iteration_time_s == pytest.approx(15.0)
+    assert tl_late.iteration_time_s == pytest.approx(15.5)
+
+
+def test_early_swap_in_waits_for_memory_room():
+    # budget leaves room for one swapped-in map besides the backward's own needs: t1's
+    # swap-in can only start when t2 has been freed after op 5
+    p = chain(nbytes=4000)
+    _, unlimited = run(p, {1: "swap", 2: "swap", 3: "swap"})
+    need = int(unlimited.memory.peak_bytes[5:].max())
+    plan, tl = run(p, {1: "swap", 2: "swap", 3: "swap"}, budget=minimum_budget(p))
+    assert tl.feasible and tl.peak_bytes <= minimum_budget(p) < need
+    assert [b for b, a in actions(plan, 1) if a == "swap_in"] == [6]
+
+
+def test_recompute_rebuilds_from_its_source_before_first_need():
+    p = chain()
+    plan, tl = run(p, {1: "keep", 2: "recompute", 3: "recompute"})
+    # t3 (needed at op 4) is rebuilt from t2, itself rebuilt from t1: op1 + op2 again, 4 s
+    assert actions(plan, 2) == [(3, "free"), (4, "recompute"), (6, "free")]
+    # t3 is read by the loss (op 3) in forward, so it is dropped only at boundary 4
+    assert actions(plan, 3) == [(4, "free"), (4, "recompute"), (5, "free")]
+    assert tl.iteration_time_s == pytest.approx(16.0 + 4.0)
+    assert tl.ops.recompute_s[4] == pytest.approx(4.0)
+
+
+def test_budget_below_static_need_is_infeasible_with_a_reason():
+    p = chain()
+    plan, tl = run(p, {1: "keep", 2: "keep", 3: "keep"}, budget=p.incore_peak_bytes - 1)
+    assert not tl.feasible and not plan.feasible and "budget" in tl.reason
+
+
+@pytest.mark.parametrize("timing", ["early", "previous-op", "previous-conv", "vdnn"])
+def test_every_timing_fits_at_the_minimum_budget(timing, toy_profile):
+    classes = {int(t): "swap" for t in toy_profile.feature_maps.tensor}
+    budget = minimum_budget(toy_profile)
+    plan, tl = run(toy_profile, classes, timing, budget)
+    assert tl.feasible and tl.peak_bytes <= budget
+
+
+def test_validate_schedule_catches_a_use_after_release(toy_profile):
+    classes = {int(t): "swap" for t in toy_profile.feature_maps.tensor}
+    plan, _ = run(toy_profile, classes)
+    broken = plan.schedule[plan.schedule.action != "wait"]
+    assert any("not yet waited" in p for p in validate_schedule(toy_profile, broken))
+    no_free = plan.schedule[plan.schedule.action != "free"]
+    assert any("never freed" in p for p in validate_schedule(toy_profile, no_free))
