@@ -1,15 +1,88 @@
-"""pooch-ext profile (being written)."""
+"""pooch-ext profile: make a profile of one training iteration, save it, summarise it.
+
+Today profiles are analytic (the real Chainer graph traced on CPU, charged with the cost
+model for a named GPU). A measured source plugs in as one more entry of ``SOURCES`` with its
+own options; saving and the summary are shared.
+"""
 from __future__ import annotations
 
 import argparse
+import json
+from typing import Callable
 
-from pooch_ext.errors import PoochError
+from pooch_ext.costmodel import CONV_IMPLS, GPUS
+from pooch_ext.links import PRESETS
+from pooch_ext.models import MODEL_NAMES
+from pooch_ext.profile import Profile
+from pooch_ext.units import format_bytes
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser("profile", help="(not yet available)")
-    parser.set_defaults(run=run)
+    parser = sub.add_parser(
+        "profile", help="profile one training iteration (analytic: no GPU needed)",
+        description="Trace the model's real Chainer graph on CPU, charge it with the cost "
+                    "model of --gpu, write the profile to --out and print a summary.")
+    parser.add_argument("--model", required=True, help=f"one of: {', '.join(MODEL_NAMES)}")
+    parser.add_argument("--batch", required=True, type=int, help="mini-batch size (>= 1)")
+    parser.add_argument("--input-size", default=None, metavar="SIZE",
+                        help="per-sample input, e.g. 3x224x224 or 224x224 (2D), "
+                             "3x16x112x112 or 16x112x112 (3D); default: the model's own")
+    parser.add_argument("--gpu", default="v100-16gb", help=f"cost-model GPU: {', '.join(GPUS)}")
+    parser.add_argument("--link", default="pcie3", help=f"host link: {', '.join(PRESETS)}")
+    parser.add_argument("--conv", default="im2col", choices=CONV_IMPLS,
+                        help="how convolutions are charged: im2col (CuPy without cuDNN, "
+                             "default) or cudnn (the paper's setup)")
+    parser.add_argument("--out", default=None, metavar="DIR",
+                        help="folder to write the profile into (profile.json + CSVs)")
+    parser.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    parser.set_defaults(run=run, source="analytic")
+
+
+def _analytic(args: argparse.Namespace) -> Profile:
+    from pooch_ext.analytic import analytic_profile   # imports chainer: only when needed
+
+    return analytic_profile(args.model, args.batch, args.input_size, gpu=args.gpu,
+                            link=args.link, conv=args.conv)
+
+
+SOURCES: dict[str, Callable[[argparse.Namespace], Profile]] = {"analytic": _analytic}
+
+
+def summary_lines(summary: dict) -> list[str]:
+    """The one-screen text form of ``Profile.summary()``."""
+    def b(key: str) -> str:
+        return f"{format_bytes(summary[key])} ({summary[key]} bytes)"
+
+    return [
+        f"model            {summary['model']}  batch {summary['batch']}  "
+        f"input {summary.get('input_size', '')}  ({summary['source']})",
+        f"device           {summary['device']}, {format_bytes(summary['capacity_bytes'])}; "
+        f"link {summary['link']}",
+        f"ops              {summary['ops']} ({summary['forward_ops']} forward, "
+        f"{summary['backward_ops']} backward)",
+        f"tensors          {summary['tensors']} ({summary['feature_maps']} feature maps)",
+        f"feature maps     {b('feature_map_bytes')}",
+        f"resident         {b('resident_bytes')}",
+        f"in-core peak     {b('incore_peak_bytes')}"
+        + ("  > capacity: needs out-of-core" if summary["incore_peak_bytes"] > summary["capacity_bytes"]
+           else ""),
+        f"iteration        {summary['iteration_s'] * 1e3:.1f} ms (forward "
+        f"{summary['forward_s'] * 1e3:.1f} ms, backward {summary['backward_s'] * 1e3:.1f} ms)"
+        + (f"; {summary['batch'] / summary['iteration_s']:.1f} samples/s in-core"
+           if summary.get("batch") else ""),
+    ]
 
 
 def run(args: argparse.Namespace) -> int:
-    raise PoochError("'profile' is not implemented yet")
+    profile = SOURCES[args.source](args)
+    summary = profile.summary()
+    summary["input_size"] = "x".join(str(s) for s in profile.meta.get("input_size", []))
+    if args.out:
+        summary["out"] = str(profile.save(args.out))
+    if args.json:
+        print(json.dumps(summary, sort_keys=True))
+    else:
+        print("\n".join(summary_lines(summary)))
+        if args.out:
+            print(f"written to       {summary['out']}")
+    return 0

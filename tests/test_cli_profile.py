@@ -1,0 +1,58 @@
+"""pooch-ext profile: writes a loadable analytic profile, prints a summary, one-line errors."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from pooch_ext.analytic import analytic_profile
+from pooch_ext.cli import main
+from pooch_ext.profile import Profile
+
+
+def test_profile_json_and_saved_folder(tmp_path, capsys):
+    out = tmp_path / "p"
+    assert main(["profile", "--model", "small-resnet", "--batch", "4", "--gpu", "h200",
+                 "--link", "c2c", "--out", str(out), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    expected = analytic_profile("small-resnet", 4, gpu="h200", link="c2c")
+    for key in ("ops", "tensors", "incore_peak_bytes", "feature_map_bytes", "resident_bytes"):
+        assert summary[key] == expected.summary()[key]
+    assert summary["input_size"] == "3x32x32" and summary["device"] == "h200"
+    assert Profile.load(out) == expected
+
+
+def test_profile_text_summary(capsys):
+    assert main(["profile", "--model", "resnet50", "--batch", "256"]) == 0
+    text = capsys.readouterr().out
+    assert "in-core peak" in text and "needs out-of-core" in text
+    assert len(text.splitlines()) <= 12
+    assert main(["profile", "--model", "resnext101-3d", "--batch", "1",
+                 "--input-size", "16x64x64", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["input_size"] == "3x16x64x64"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--model", "lenet", "--batch", "2"], "unknown model 'lenet'"),
+    (["--model", "small-resnet", "--batch", "0"], "batch must be a positive integer"),
+    (["--model", "small-resnet", "--batch", "2", "--input-size", "3x"], "not a size"),
+    (["--model", "small-resnet", "--batch", "2", "--gpu", "k80"], "unknown GPU 'k80'"),
+    (["--model", "small-resnet", "--batch", "2", "--link", "usb"], "unknown link 'usb'"),
+    (["--model", "alexnet", "--batch", "2", "--input-size", "160x160"], "input features"),
+])
+def test_bad_input_is_one_line_error(args, message, capsys):
+    assert main(["profile", *args]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_bad_batch_type_and_real_entry_point():
+    with pytest.raises(SystemExit) as exit_info:
+        main(["profile", "--model", "small-resnet", "--batch", "two"])
+    assert exit_info.value.code == 2
+    done = subprocess.run([sys.executable, "-m", "pooch_ext.cli", "profile", "--model",
+                           "small-resnet", "--batch", "0"], capture_output=True, text=True)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.strip().count("\n") == 0
