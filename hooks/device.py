@@ -1,0 +1,443 @@
+"""Devices the executor drives: a real CuPy GPU, and a host-simulated one for machines without.
+
+Both offer the same small interface, so hooks/executor.py has one code path:
+
+* ``swap_out(array) -> Transfer`` starts a device -> host copy after the work already queued on
+  the compute stream; ``finish_swap_out(t)`` blocks until that copy is done (only then may the
+  device copy be dropped); ``swap_in(t) -> array`` allocates a device array and starts the
+  host -> device copy; ``wait_swap_in(t)`` makes compute wait for it; ``discard(t)`` gives the
+  host buffer back.
+* ``track(array)`` / ``check(where)`` / ``used_bytes`` / ``peak_bytes``: memory accounting. The
+  CuPy pool accounts for itself (``MemoryPool.set_limit`` enforces the budget); the host
+  simulation counts the bytes of the arrays the graph holds (each underlying buffer once, freed
+  when Python frees it) plus the resident bytes, and raises ``DeviceOutOfMemoryError`` over
+  its budget.
+* ``timer()`` times compute (CUDA events on the GPU, the wall clock on the host).
+
+The host simulation moves real NumPy arrays to a separate host store, so every executor
+mechanism runs (and is tested) on a CPU; its copy times come from a link preset.
+"""
+from __future__ import annotations
+
+import ctypes
+import time
+import weakref
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from pooch_ext.errors import PoochError
+from pooch_ext.links import Link, get_link
+from pooch_ext.units import format_bytes
+
+UNLIMITED = 1 << 50   # capacity reported by a host-simulated device without a budget
+
+
+class DeviceOutOfMemoryError(PoochError, MemoryError):
+    """The (host-simulated) device would hold more bytes than its budget."""
+
+
+@dataclass
+class Transfer:
+    """One feature map's trip to the host and back: the host copy and the copy timings."""
+
+    nbytes: int
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    order: str                      # "C" or "F": the layout to restore
+    host: Any = None                # host-side copy (pinned buffer on the GPU)
+    source: Any = None              # device array kept alive until the swap-out is done
+    out_s: float | None = None      # host-sim: link time; GPU: filled from events
+    in_s: float | None = None
+    events: dict = field(default_factory=dict)
+
+
+def base_of(array: Any) -> Any:
+    """The array that owns the memory ``array`` views (itself when it owns it)."""
+    while isinstance(getattr(array, "base", None), type(array)):
+        array = array.base
+    return array
+
+
+def _layout(array: Any) -> str:
+    flags = array.flags
+    return "F" if flags.f_contiguous and not flags.c_contiguous else "C"
+
+
+class _WallTimer:
+    __slots__ = ("start_t", "end_t")
+
+    def __init__(self) -> None:
+        self.start_t = self.end_t = 0.0
+
+    def start(self) -> None:
+        self.start_t = time.perf_counter()
+
+    def stop(self) -> None:
+        self.end_t = time.perf_counter()
+
+    def seconds(self) -> float:
+        return self.end_t - self.start_t
+
+
+class HostSimDevice:
+    """A device simulated on the host: NumPy arrays, accounted bytes, a link model for copies.
+
+    "Device memory" is the resident bytes (parameters, gradients, optimizer state: set by the
+    caller) plus every array registered with ``track`` that Python still holds; a buffer shared
+    by views counts once. ``budget=None`` means no limit.
+    """
+
+    kind = "host-sim"
+
+    def __init__(self, budget: int | None = None, link: Link | str = "pcie3") -> None:
+        self.link = get_link(link)
+        self.name = "host-sim"
+        self.budget = None if budget is None else int(budget)
+        self.enforce = True
+        self.resident = 0
+        self.used = 0
+        self.peak = 0
+        self.host_bytes = 0
+        self._live: dict[int, int] = {}
+        # (kind, bytes, tensor, key): the same events a CuPy memory hook reports
+        self.listener: Callable[[str, int, int, int], None] | None = None
+
+    # ------------------------------------------------------------ setup
+    @property
+    def xp(self):
+        return np
+
+    def capacity_bytes(self) -> int:
+        return UNLIMITED if self.budget is None else self.budget
+
+    def set_budget(self, budget: int | None) -> None:
+        self.budget = None if budget is None else int(budget)
+
+    def restore(self) -> None:
+        """Undo global settings (none on the host)."""
+
+    # ------------------------------------------------------------ accounting
+    def track(self, array: Any, tensor: int = -1) -> None:
+        """Count ``array``'s buffer as device memory until Python frees it."""
+        if array is None:
+            return
+        base = base_of(array)
+        key = id(base)
+        if key in self._live:
+            return
+        nbytes = int(base.nbytes)
+        self._live[key] = nbytes
+        self.used += nbytes
+        weakref.finalize(base, self._freed, key, nbytes, tensor)
+        if self.listener is not None:
+            self.listener("malloc", nbytes, tensor, key)
+
+    def _freed(self, key: int, nbytes: int, tensor: int) -> None:
+        if self._live.pop(key, None) is not None:
+            self.used -= nbytes
+            if self.listener is not None:
+                self.listener("free", nbytes, tensor, key)
+
+    def used_bytes(self) -> int:
+        return self.resident + self.used
+
+    def reset_peak(self) -> None:
+        self.peak = self.used_bytes()
+
+    def check(self, where: str = "") -> None:
+        """Record the peak; over the budget (when enforced) raise DeviceOutOfMemoryError."""
+        total = self.resident + self.used
+        if total > self.peak:
+            self.peak = total
+        if self.enforce and self.budget is not None and total > self.budget:
+            raise DeviceOutOfMemoryError(
+                f"host-simulated device out of memory{' at ' + where if where else ''}: "
+                f"{format_bytes(total)} held ({total} bytes) > budget {format_bytes(self.budget)}")
+
+    # ------------------------------------------------------------ copies
+    def swap_out(self, array: Any, timed: bool = False) -> Transfer:
+        order = _layout(array)
+        host = np.array(array, order=order, copy=True)
+        self.host_bytes += host.nbytes
+        return Transfer(int(array.nbytes), tuple(array.shape), array.dtype, order, host,
+                        out_s=self.link.swap_out_s(array.nbytes))
+
+    def finish_swap_out(self, transfer: Transfer) -> None:
+        transfer.source = None
+
+    def swap_in(self, transfer: Transfer, timed: bool = False) -> Any:
+        if transfer.host is None:
+            raise PoochError("swap-in of a map whose host copy was discarded")
+        transfer.in_s = self.link.swap_in_s(transfer.nbytes)
+        return np.array(transfer.host, order=transfer.order, copy=True)
+
+    def wait_swap_in(self, transfer: Transfer) -> None:
+        """Copies on the host are done when they return."""
+
+    def discard(self, transfer: Transfer) -> None:
+        if transfer.host is not None:
+            self.host_bytes -= transfer.host.nbytes
+            transfer.host = None
+
+    def transfer_seconds(self, transfer: Transfer) -> tuple[float | None, float | None]:
+        return transfer.out_s, transfer.in_s
+
+    # ------------------------------------------------------------ timing
+    def timer(self) -> _WallTimer:
+        return _WallTimer()
+
+    def synchronize(self) -> None:
+        """Nothing runs asynchronously on the host."""
+
+
+# ---------------------------------------------------------------------------------- CuPy
+
+class _EventTimer:
+    __slots__ = ("cupy", "begin", "end")
+
+    def __init__(self, cupy) -> None:
+        self.cupy = cupy
+        self.begin = cupy.cuda.Event()
+        self.end = cupy.cuda.Event()
+
+    def start(self) -> None:
+        self.begin.record(self.cupy.cuda.get_current_stream())
+
+    def stop(self) -> None:
+        self.end.record(self.cupy.cuda.get_current_stream())
+
+    def seconds(self) -> float:
+        """Elapsed GPU time; call after ``CupyDevice.synchronize``."""
+        return self.cupy.cuda.get_elapsed_time(self.begin, self.end) / 1e3
+
+
+class PinnedBuffers:
+    """Page-locked host buffers, reused across iterations by exact size.
+
+    A buffer handed back comes with the event of the last copy that used it; it is taken again
+    only once that event has completed, so a copy in flight never sees its memory reused.
+    """
+
+    def __init__(self, cupy) -> None:
+        self.cupy = cupy
+        self._free: dict[int, list[tuple[Any, np.ndarray, Any]]] = defaultdict(list)
+        self.allocated_bytes = 0
+
+    def take(self, nbytes: int) -> tuple[Any, np.ndarray]:
+        spare = self._free.get(nbytes)
+        if spare:
+            memory, view, guard = spare.pop()
+            if guard is not None:
+                guard.synchronize()
+            return memory, view
+        memory = self.cupy.cuda.alloc_pinned_memory(max(nbytes, 1))
+        view = np.frombuffer(memory, np.uint8, nbytes)
+        self.allocated_bytes += nbytes
+        return memory, view
+
+    def give(self, buffer: tuple[Any, np.ndarray], guard: Any) -> None:
+        self._free[buffer[1].nbytes].append((buffer[0], buffer[1], guard))
+
+    def clear(self) -> None:
+        for spare in self._free.values():
+            for _, _, guard in spare:
+                if guard is not None:
+                    guard.synchronize()
+        self._free.clear()
+        self.allocated_bytes = 0
+
+
+class CupyDevice:
+    """The current CUDA device through CuPy.
+
+    Compute stays on the caller's current stream; swap-outs run on their own non-blocking D2H
+    stream and swap-ins on an H2D stream, ordered against compute with CUDA events, through
+    reusable pinned host buffers. The budget is ``MemoryPool.set_limit`` on the default pool.
+    """
+
+    kind = "cuda"
+
+    def __init__(self, link: Link | str | None = None) -> None:
+        import cupy
+
+        self.cupy = cupy
+        self.pool = cupy.get_default_memory_pool()
+        self.device_id = cupy.cuda.Device().id
+        props = cupy.cuda.runtime.getDeviceProperties(self.device_id)
+        name = props["name"]
+        self.name = name.decode() if isinstance(name, bytes) else str(name)
+        self.link = None if link is None else get_link(link)
+        self.d2h = cupy.cuda.Stream(non_blocking=True)
+        self.h2d = cupy.cuda.Stream(non_blocking=True)
+        self.pinned = PinnedBuffers(cupy)
+        self.budget: int | None = None
+        self._old_limit: int | None = None
+        self.resident = 0
+        self.peak = 0
+        self.listener = None
+
+    @property
+    def xp(self):
+        return self.cupy
+
+    def capacity_bytes(self) -> int:
+        """What this process can hold: free device memory plus what the pool already has."""
+        free, _total = self.cupy.cuda.runtime.memGetInfo()
+        return int(free + self.pool.total_bytes())
+
+    def set_budget(self, budget: int | None) -> None:
+        if self._old_limit is None:
+            self._old_limit = int(self.pool.get_limit())
+        self.budget = None if budget is None else int(budget)
+        self.pool.set_limit(size=0 if budget is None else int(budget))
+
+    def restore(self) -> None:
+        """Give the pool its previous limit back and wait for every copy."""
+        self.synchronize()
+        if self._old_limit is not None:
+            self.pool.set_limit(size=self._old_limit)
+            self._old_limit = None
+
+    # ------------------------------------------------------------ accounting
+    def track(self, array: Any, tensor: int = -1) -> None:
+        """The pool accounts for every allocation itself."""
+
+    def used_bytes(self) -> int:
+        return int(self.pool.used_bytes())
+
+    def reset_peak(self) -> None:
+        self.peak = self.used_bytes()
+
+    def check(self, where: str = "") -> None:
+        used = int(self.pool.used_bytes())
+        if used > self.peak:
+            self.peak = used
+
+    # ------------------------------------------------------------ copies
+    def _event(self, stream, timing: bool = False):
+        event = self.cupy.cuda.Event(disable_timing=not timing)
+        event.record(stream)
+        return event
+
+    def swap_out(self, array: Any, timed: bool = False) -> Transfer:
+        cupy = self.cupy
+        if not (array.flags.c_contiguous or array.flags.f_contiguous):
+            array = cupy.ascontiguousarray(array)   # rare: copy, restored C-contiguous
+        order = _layout(array)
+        compute = cupy.cuda.get_current_stream()
+        self.d2h.wait_event(self._event(compute))            # after the producer / last reader
+        buffer = self.pinned.take(int(array.nbytes))
+        transfer = Transfer(int(array.nbytes), tuple(array.shape), array.dtype, order, buffer,
+                            source=array)
+        if timed:
+            transfer.events["out_start"] = self._event(self.d2h, True)
+        if array.nbytes:
+            array.data.copy_to_host_async(ctypes.c_void_p(buffer[1].ctypes.data), array.nbytes,
+                                          self.d2h)
+        transfer.events["out_done"] = self._event(self.d2h, timed)
+        return transfer
+
+    def finish_swap_out(self, transfer: Transfer) -> None:
+        """Block until the copy is on the host; only then may the device memory be reused."""
+        transfer.events["out_done"].synchronize()
+        transfer.source = None
+
+    def swap_in(self, transfer: Transfer, timed: bool = False) -> Any:
+        cupy = self.cupy
+        if transfer.host is None:
+            raise PoochError("swap-in of a map whose host copy was discarded")
+        array = cupy.empty(transfer.shape, transfer.dtype, order=transfer.order)
+        compute = cupy.cuda.get_current_stream()
+        # the block may have been freed by compute work still queued: copy after that work
+        self.h2d.wait_event(self._event(compute))
+        self.h2d.wait_event(transfer.events["out_done"])
+        if timed:
+            transfer.events["in_start"] = self._event(self.h2d, True)
+        if transfer.nbytes:
+            array.data.copy_from_host_async(ctypes.c_void_p(transfer.host[1].ctypes.data),
+                                            transfer.nbytes, self.h2d)
+        transfer.events["in_done"] = self._event(self.h2d, timed)
+        return array
+
+    def wait_swap_in(self, transfer: Transfer) -> None:
+        self.cupy.cuda.get_current_stream().wait_event(transfer.events["in_done"])
+
+    def discard(self, transfer: Transfer) -> None:
+        if transfer.host is not None:
+            guard = transfer.events.get("in_done", transfer.events.get("out_done"))
+            self.pinned.give(transfer.host, guard)
+            transfer.host = None
+
+    def transfer_seconds(self, transfer: Transfer) -> tuple[float | None, float | None]:
+        """Measured copy times (call after ``synchronize``); None where not timed."""
+        elapsed = self.cupy.cuda.get_elapsed_time
+        ev = transfer.events
+        out_s = elapsed(ev["out_start"], ev["out_done"]) / 1e3 if "out_start" in ev else None
+        in_s = elapsed(ev["in_start"], ev["in_done"]) / 1e3 if "in_start" in ev else None
+        return out_s, in_s
+
+    # ------------------------------------------------------------ timing
+    def timer(self) -> _EventTimer:
+        return _EventTimer(self.cupy)
+
+    def synchronize(self) -> None:
+        self.cupy.cuda.get_current_stream().synchronize()
+        self.d2h.synchronize()
+        self.h2d.synchronize()
+
+
+def is_array(value: Any) -> bool:
+    return (hasattr(value, "nbytes") and hasattr(value, "shape") and hasattr(value, "dtype")
+            and not isinstance(value, np.generic))
+
+
+def model_arrays(model: Any) -> set[int]:
+    """ids of the buffers a model owns (parameters, gradients, persistent state)."""
+    ids = set()
+    for param in model.params():
+        for array in (param.array, param.grad):
+            if array is not None:
+                ids.add(id(base_of(array)))
+    for link in model.links():
+        for name in link._persistent:
+            value = link.__dict__.get(name)
+            if is_array(value):
+                ids.add(id(base_of(value)))
+    return ids
+
+
+def resident_bytes(model: Any) -> int:
+    """Bytes no policy moves: parameters, their gradients (present or about to be), persistent
+    state (BatchNormalization running statistics) and optimizer state."""
+    total = 0
+    for param in model.params():
+        if param.array is not None:
+            total += 2 * int(param.array.nbytes)
+        rule = getattr(param, "update_rule", None)
+        state = getattr(rule, "_state", None) or {}
+        total += sum(int(v.nbytes) for v in state.values() if is_array(v))
+    for link in model.links():
+        for name in link._persistent:
+            value = link.__dict__.get(name)
+            if is_array(value):
+                total += int(value.nbytes)
+    return total
+
+
+def array_is_on_gpu(array: Any) -> bool:
+    return type(array).__module__.split(".")[0] == "cupy"
+
+
+def device_for(model: Any, budget: int | None = None, link: Link | str | None = None):
+    """The device a model's parameters live on: CupyDevice for CuPy arrays, else host-sim."""
+    for param in model.params():
+        if param.array is not None:
+            if array_is_on_gpu(param.array):
+                device = CupyDevice(link)
+                device.budget = None if budget is None else int(budget)
+                return device
+            break
+    return HostSimDevice(budget, "pcie3" if link is None else link)

@@ -1,0 +1,522 @@
+"""Executor: replay a plan's schedule inside a real Chainer iteration (DESIGN.md, "Executing
+a plan inside Chainer").
+
+The executor is a GraphRecorder, so it sees the same op indices and tensor ids as the profile
+the plan was made from. At every op boundary it runs the schedule's actions for that boundary:
+
+* ``swap_out``: the device starts copying the map to the host (copy stream, after the work
+  already queued); ``release``: wait for that copy, then drop every reference the graph holds
+  (the consumer's input ``VariableNode._data``, the producer's ``_retained_output_data``, and
+  the array of a still-alive Variable), so the memory really goes;
+* ``swap_in``: allocate, start the copy back, and put the new array into exactly the
+  references that were dropped; ``wait``: compute waits for that copy;
+* ``recompute``: re-run the map's recompute chain (hooks/recompute.py) from maps that are on
+  the device, and put the result back the same way;
+* ``free``: drop the references; after its last use a Variable the user still holds keeps its
+  array (that memory is the user's, as in plain Chainer).
+
+Forward boundary b runs when op b begins (op b-1 is resolved by then); backward boundary j+1
+runs as soon as backward op j ends, so frees happen early. Every op is checked against the
+profiled graph: a different function, different tensors or shapes, or a different backward
+order stop the plan for the rest of the iteration and call ``on_deviation`` (PoocH re-profiles).
+From then on, and in iterations without a program (the first profiling iteration), the
+executor works on demand: a retained map is swapped out once no Variable refers to it, and a
+map a backward op needs but lacks is swapped back in or recomputed right before the op.
+"""
+from __future__ import annotations
+
+import time
+import weakref
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import pandas as pd
+
+from pooch_ext.errors import PoochError
+from pooch_ext.hooks.device import Transfer, resident_bytes
+from pooch_ext.hooks.graph import _TAG, GraphRecorder, GraphTrace
+from pooch_ext.hooks.recompute import recompute
+from pooch_ext.profile import Profile
+from pooch_ext.schedule_check import validate_schedule
+
+
+class ExecutorError(PoochError):
+    """The schedule and the running graph disagree in a way the executor cannot repair."""
+
+
+@dataclass
+class Program:
+    """What the executor replays: the graph it was planned for, the actions by boundary."""
+
+    reference: GraphTrace
+    actions: dict[int, list[tuple[str, int, bool]]]   # boundary -> (action, tensor, final)
+    chains: dict[int, list[int]]                      # tensor -> forward ops that rebuild it
+    input_sources: frozenset[int]                     # network inputs some chain reads
+    n_ops: int
+    label: str = ""
+
+    @property
+    def n_fwd(self) -> int:
+        return len(self.reference.ops)
+
+
+def compile_program(trace: GraphTrace, profile: Profile, schedule: pd.DataFrame,
+                    label: str = "") -> Program:
+    """Check ``schedule`` against ``profile`` and the graph it came from; index it by boundary."""
+    n_fwd = int((profile.ops.phase == "forward").sum())
+    n_bwd = int((profile.ops.phase == "backward").sum())
+    if n_fwd != len(trace.ops) or n_bwd != len(trace.backward_order):
+        raise ExecutorError(f"the profile has {n_fwd} forward / {n_bwd} backward ops, the graph "
+                            f"{len(trace.ops)} / {len(trace.backward_order)}")
+    problems = validate_schedule(profile, schedule)
+    if problems:
+        raise ExecutorError(f"schedule {label or ''} is not executable: {problems[0]}"
+                            + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
+    rows = schedule.sort_values(["boundary", "order"], kind="stable")
+    rows = list(zip(rows["boundary"].astype(int), rows["action"], rows["tensor"].astype(int)))
+    last_return: dict[int, int] = {}
+    for position, (_, action, tensor) in enumerate(rows):
+        if action in ("swap_in", "recompute"):
+            last_return[tensor] = position
+    actions: dict[int, list[tuple[str, int, bool]]] = {}
+    for position, (boundary, action, tensor) in enumerate(rows):
+        final = action == "free" and last_return.get(tensor, -1) < position
+        actions.setdefault(boundary, []).append((action, tensor, final))
+    tensors = profile.tensors.set_index("tensor")
+    recomputed = {t for _, a, t in rows if a == "recompute"}
+    chains = {t: [int(k) for k in tensors.at[t, "recompute_ops"]] for t in recomputed}
+    kinds = tensors["kind"]
+    sources = {int(s) for t in recomputed for s in tensors.at[t, "recompute_sources"]
+               if kinds.get(int(s)) == "input"}
+    return Program(trace, actions, chains, frozenset(sources), profile.n_ops, label)
+
+
+@dataclass
+class _Slot:
+    """Where one feature map of the current iteration is, and which references were dropped."""
+
+    state: str = "device"           # device | incoming (swap-in not yet waited) | host | freed
+    transfer: Transfer | None = None
+    dropped_node: bool = False
+    dropped_retained: bool = False
+    variable: Any = None             # weakref to a live Variable whose array was dropped
+    on_demand: bool = False          # restored outside the schedule; dropped after its op
+
+
+@dataclass
+class IterationStats:
+    """What the executor did in one iteration."""
+
+    iteration: int
+    program: str = ""
+    deviation: str = ""
+    swap_outs: int = 0
+    swap_ins: int = 0
+    recomputes: int = 0
+    frees: int = 0
+    on_demand: int = 0
+    peak_bytes: int = 0
+    started: float = 0.0                             # perf_counter at the first forward op
+    finished: float = 0.0                            # perf_counter after the last backward op
+    transfers: list = field(default_factory=list)    # (tensor, Transfer) of this iteration
+
+
+class Executor(GraphRecorder):
+    """Replay ``program`` (set it with ``use(program)``) at op boundaries on ``device``."""
+
+    name = "PoochExecutor"
+
+    def __init__(self, model: Any, device: Any, keep_traces: int = 4,
+                 on_deviation: Callable[[str], None] | None = None,
+                 iteration_done: Callable[[GraphTrace], None] | None = None) -> None:
+        super().__init__(model, keep_traces)
+        self.device = device
+        self.program: Program | None = None
+        self.on_deviation = on_deviation
+        self.iteration_done = iteration_done
+        self.timed_transfers = False
+        self.history: list[IterationStats] = []
+        self.stats = IterationStats(-1)
+        self.deviation = ""
+        self.slots: dict[int, _Slot] = {}
+        self._retained_out: dict[int, tuple[int, int]] = {}
+        self._inputs_held: dict[int, Any] = {}
+        self._candidates: list[int] = []
+        self._next_boundary = 0
+        self._pending_in_data: tuple | None = None
+        self._after_op: list[int] = []
+
+    def use(self, program: Program | None) -> None:
+        """Replay ``program`` from the next iteration on (None: work on demand only)."""
+        self.program = program
+
+    def abandon(self) -> None:
+        """Forget the iteration in progress (after an error): nothing more is run for it."""
+        self.trace = None
+        self._pending = None
+
+    # ------------------------------------------------------------ state of one tensor
+    def _node(self, tensor: int) -> Any:
+        ref = self.nodes.get(tensor)
+        return None if ref is None else ref()
+
+    def array_of(self, tensor: int) -> Any:
+        """The tensor's array if any reference still holds it, else None."""
+        node = self._node(tensor)
+        if node is not None:
+            if node._data is not None:
+                return node._data
+            variable = node.get_variable_or_none()
+            if variable is not None and variable._data[0] is not None:
+                return variable._data[0]
+        where = self._retained_out.get(tensor)
+        if where is not None:
+            function = self.functions[where[0]]()
+            data = None if function is None else function._retained_output_data
+            if data is not None and data[where[1]] is not None:
+                return data[where[1]]
+        return self._inputs_held.get(tensor)
+
+    def _drop(self, tensor: int, slot: _Slot, keep_user: bool) -> None:
+        node = self._node(tensor)
+        if node is not None:
+            if node._data is not None:
+                node._data = None          # bypass the setter: shape/dtype must stay
+                slot.dropped_node = True
+            variable = node.get_variable_or_none()
+            if variable is not None and variable._data[0] is not None and not keep_user:
+                variable._data[0] = None
+                slot.variable = weakref.ref(variable)
+        where = self._retained_out.get(tensor)
+        if where is not None:
+            function = self.functions[where[0]]()
+            data = None if function is None else function._retained_output_data
+            if data is not None and data[where[1]] is not None:
+                function._retained_output_data = data[:where[1]] + (None,) + data[where[1] + 1:]
+                slot.dropped_retained = True
+
+    def _restore(self, tensor: int, slot: _Slot, array: Any) -> None:
+        node = self._node(tensor)
+        if slot.dropped_node and node is not None:
+            node._data = array
+        variable = slot.variable() if slot.variable is not None else None
+        if variable is not None:
+            variable._data[0] = array
+        if slot.dropped_retained:
+            k, position = self._retained_out[tensor]
+            function = self.functions[k]()
+            if function is not None:
+                data = function._retained_output_data
+                function._retained_output_data = data[:position] + (array,) + data[position + 1:]
+        slot.dropped_node = slot.dropped_retained = False
+        slot.variable = None
+        self.device.track(array, tensor)
+
+    def _slot(self, tensor: int) -> _Slot:
+        slot = self.slots.get(tensor)
+        if slot is None:
+            slot = self.slots[tensor] = _Slot()
+        return slot
+
+    # ------------------------------------------------------------ the actions
+    def _swap_out(self, tensor: int) -> None:
+        slot = self._slot(tensor)
+        array = self.array_of(tensor)
+        if array is None:
+            raise ExecutorError(f"swap_out of tensor {tensor}: no reference holds its array")
+        if slot.transfer is not None:
+            self.device.discard(slot.transfer)
+        slot.transfer = self.device.swap_out(array, self.timed_transfers)
+        if self.timed_transfers:
+            self.stats.transfers.append((tensor, slot.transfer))
+        self.stats.swap_outs += 1
+
+    def _release(self, tensor: int) -> None:
+        slot = self._slot(tensor)
+        if slot.transfer is None:
+            raise ExecutorError(f"release of tensor {tensor} before its swap-out")
+        self.device.finish_swap_out(slot.transfer)
+        self._drop(tensor, slot, keep_user=False)
+        slot.state = "host"
+
+    def _swap_in(self, tensor: int) -> None:
+        slot = self._slot(tensor)
+        if slot.transfer is None or slot.state != "host":
+            raise ExecutorError(f"swap_in of tensor {tensor}: it is not on the host")
+        array = self.device.swap_in(slot.transfer, self.timed_transfers)
+        self._restore(tensor, slot, array)
+        slot.state = "incoming"
+        self.stats.swap_ins += 1
+
+    def _wait(self, tensor: int) -> None:
+        slot = self._slot(tensor)
+        if slot.state == "incoming":
+            self.device.wait_swap_in(slot.transfer)
+            slot.state = "device"
+
+    def _recompute(self, tensor: int) -> None:
+        slot = self._slot(tensor)
+        chain = self.program.chains.get(tensor) if self.program is not None else None
+        if not chain:
+            raise ExecutorError(f"tensor {tensor} has no recompute chain")
+        values: dict[int, Any] = {}
+        for k in chain:
+            function = self.functions[k]() if k < len(self.functions) else None
+            if function is None:
+                raise ExecutorError(f"recompute of tensor {tensor}: forward op {k} is gone")
+            inputs = []
+            for node in function.inputs:
+                tag = getattr(node, _TAG, None)
+                if tag is None or tag[0] is not self._serial:      # a parameter
+                    variable = node.get_variable_or_none()
+                    array = node._data if variable is None else variable._data[0]
+                    if array is None:
+                        raise ExecutorError(f"recompute of tensor {tensor}: an input of forward "
+                                            f"op {k} that is not a tensor of this iteration is gone")
+                    inputs.append(array)
+                    continue
+                source = tag[1]
+                if source not in values:
+                    values[source] = self._present(source, tensor)
+                inputs.append(values[source])
+            outputs = recompute(function, inputs)
+            for t, array in zip(self.trace.ops[k].outputs, outputs):
+                values[t] = array
+        self._restore(tensor, slot, values[tensor])
+        slot.state = "device"
+        self.stats.recomputes += 1
+
+    def _present(self, source: int, target: int) -> Any:
+        """A recompute source's array; a source the schedule left absent is restored now."""
+        slot = self.slots.get(source)
+        if slot is not None and slot.state != "device":
+            self._restore_on_demand(source)
+        array = self.array_of(source)
+        if array is None:
+            raise ExecutorError(f"recompute of tensor {target}: source {source} is not on the device")
+        return array
+
+    def _free(self, tensor: int, final: bool) -> None:
+        slot = self._slot(tensor)
+        self._drop(tensor, slot, keep_user=final)
+        slot.state = "freed"
+        if final and slot.transfer is not None:
+            self.device.discard(slot.transfer)
+            slot.transfer = None
+        self.stats.frees += 1
+
+    def _act(self, action: str, tensor: int, final: bool) -> None:
+        if action == "swap_out":
+            self._swap_out(tensor)
+        elif action == "release":
+            self._release(tensor)
+        elif action == "swap_in":
+            self._swap_in(tensor)
+        elif action == "wait":
+            self._wait(tensor)
+        elif action == "recompute":
+            self._recompute(tensor)
+        elif action == "free":
+            self._free(tensor, final)
+        else:
+            raise ExecutorError(f"unknown action {action!r}")
+
+    def _run_until(self, boundary: int) -> None:
+        """Run the program's actions of every boundary up to and including ``boundary``."""
+        program = self.program
+        while self._next_boundary <= boundary:
+            if program is not None and not self.deviation:
+                for action, tensor, final in program.actions.get(self._next_boundary, ()):
+                    self._act(action, tensor, final)
+            self._next_boundary += 1
+
+    # ------------------------------------------------------------ on demand
+    def _on_demand(self) -> bool:
+        return self.program is None or bool(self.deviation)
+
+    def _release_unreferenced(self) -> None:
+        """Swap out every retained map no Variable refers to any more (its forward is over)."""
+        remaining = []
+        for tensor in self._candidates:
+            slot = self.slots.get(tensor)
+            if slot is not None and slot.state != "device":
+                continue
+            node = self._node(tensor)
+            if node is not None and node.get_variable_or_none() is not None:
+                remaining.append(tensor)
+                continue
+            if self.array_of(tensor) is None:
+                continue
+            self._swap_out(tensor)
+            self._release(tensor)
+        self._candidates = remaining
+
+    def _restore_on_demand(self, tensor: int) -> None:
+        slot = self._slot(tensor)
+        if slot.state == "incoming":
+            self._wait(tensor)
+        elif slot.state == "host":
+            self._swap_in(tensor)
+            self._wait(tensor)
+        elif slot.state == "freed":
+            self._recompute(tensor)
+        else:
+            return
+        slot.on_demand = True
+        self._after_op.append(tensor)
+        self.stats.on_demand += 1
+
+    def _backward_needs(self, fwd_index: int) -> list[int]:
+        op = self.trace.ops[fwd_index]
+        needs = [op.inputs[p] for p in op.retain_inputs] + [op.outputs[p] for p in op.retain_outputs]
+        return [t for t in dict.fromkeys(needs) if self.trace.tensors[t].producer >= 0]
+
+    # ------------------------------------------------------------ graph checks
+    def _deviate(self, reason: str) -> None:
+        if self.deviation:
+            return
+        self.deviation = reason
+        self.stats.deviation = reason
+        tensors = self.trace.tensors
+        for op in self.trace.ops:     # from now on, anything retained may go once unreferenced
+            retained = [op.inputs[p] for p in op.retain_inputs] + \
+                       [op.outputs[p] for p in op.retain_outputs]
+            self._candidates.extend(t for t in retained if tensors[t].producer >= 0)
+        self._candidates = list(dict.fromkeys(self._candidates))
+        if self.on_deviation is not None:
+            self.on_deviation(reason)
+
+    def _check_op(self, index: int, function: Any) -> None:
+        reference = self.program.reference
+        name = type(function).__name__
+        if index >= len(reference.ops):
+            self._deviate(f"forward op {index} ({name}) is beyond the {len(reference.ops)} "
+                          "profiled forward ops")
+        elif reference.ops[index].name != name:
+            self._deviate(f"forward op {index} is {name}, the profiled graph has "
+                          f"{reference.ops[index].name}")
+
+    def _check_resolved(self, index: int) -> None:
+        reference = self.program.reference
+        if index >= len(reference.ops):
+            return
+        mine, theirs = self.trace.ops[index], reference.ops[index]
+        if (mine.inputs, mine.outputs, mine.retain_inputs, mine.retain_outputs) != \
+                (theirs.inputs, theirs.outputs, theirs.retain_inputs, theirs.retain_outputs):
+            self._deviate(f"forward op {index} ({mine.name}) reads or keeps different tensors "
+                          "than in the profiled graph")
+            return
+        for t in mine.inputs + mine.outputs:
+            a, b = self.trace.tensors[t], reference.tensors[t]
+            if (a.shape, a.dtype) != (b.shape, b.dtype):
+                self._deviate(f"tensor {t} of op {index} ({mine.name}) has shape {a.shape} "
+                              f"{a.dtype}, the profiled graph had {b.shape} {b.dtype}")
+                return
+
+    # ------------------------------------------------------------ GraphRecorder hooks
+    def forward_postprocess(self, function: Any, in_data: tuple) -> None:
+        super().forward_postprocess(function, in_data)
+        if self._pending is not None and self._pending[1] is function:
+            self._pending_in_data = in_data
+
+    def on_iteration_start(self) -> None:
+        self.stats = IterationStats(self.iteration, self.program.label if self.program else "")
+        self.deviation = ""
+        self.slots = {}
+        self._retained_out = {}
+        self._inputs_held = {}
+        self._candidates = []
+        self._after_op = []
+        self._next_boundary = 0
+        if self.model is not None:
+            self.device.resident = resident_bytes(self.model)
+        self.device.reset_peak()
+        self.stats.started = time.perf_counter()
+
+    def on_forward_begin(self, index: int, function: Any) -> None:
+        if self.program is not None and not self.deviation:
+            self._check_op(index, function)
+        self._run_until(index)
+        if self._on_demand():
+            self._release_unreferenced()
+        self.device.check(f"forward op {index} ({type(function).__name__})")
+
+    def on_forward_resolved(self, index: int, function: Any) -> None:
+        op = self.trace.ops[index]
+        in_data, self._pending_in_data = self._pending_in_data, None
+        program = self.program
+        if program is not None and program.input_sources and in_data is not None:
+            for node, array in zip(function.inputs, in_data):
+                tag = getattr(node, _TAG, None)
+                if tag is not None and tag[0] is self._serial and tag[1] in program.input_sources:
+                    self._inputs_held[tag[1]] = array
+        for position, p in enumerate(op.retain_outputs):
+            self._retained_out[op.outputs[p]] = (index, position)
+        for t in op.outputs:
+            self.device.track(self.array_of(t), t)
+        if program is not None and not self.deviation:
+            self._check_resolved(index)
+        if self._on_demand():
+            tensors = self.trace.tensors
+            retained = [op.inputs[p] for p in op.retain_inputs] + \
+                       [op.outputs[p] for p in op.retain_outputs]
+            self._candidates.extend(t for t in retained if tensors[t].producer >= 0
+                                    and t not in self._candidates)
+        self.device.check(f"forward op {index} ({op.name})")
+
+    def on_backward_begin(self, index: int, fwd_index: int, function: Any) -> None:
+        program = self.program
+        if program is not None and not self.deviation:
+            position = index - len(self.trace.ops)
+            reference = program.reference
+            if len(self.trace.ops) != len(reference.ops):
+                self._deviate(f"forward had {len(self.trace.ops)} ops, the profiled graph "
+                              f"{len(reference.ops)}")
+            elif position >= len(reference.backward_order) or \
+                    reference.backward_order[position] != fwd_index:
+                self._deviate(f"backward op {index} differentiates forward op {fwd_index}, "
+                              "not the profiled one")
+        self._run_until(index)
+        if self._on_demand():
+            self._release_unreferenced()
+        for tensor in self._backward_needs(fwd_index):
+            slot = self.slots.get(tensor)
+            if slot is not None and slot.state != "device":
+                self._restore_on_demand(tensor)
+        self.device.check(f"backward op {index} ({type(function).__name__})")
+
+    def on_backward_end(self, index: int, fwd_index: int, function: Any) -> None:
+        # maps restored outside the schedule go back to where the schedule believes they are
+        for tensor in self._after_op:
+            slot = self.slots[tensor]
+            if slot.state in ("device", "incoming"):
+                self._wait(tensor)
+                self._drop(tensor, slot, keep_user=False)
+                slot.state = "host" if slot.transfer is not None else "freed"
+            slot.on_demand = False
+        self._after_op = []
+        self._run_until(index + 1)
+        self.stats.finished = time.perf_counter()
+
+    def on_iteration_end(self, trace: GraphTrace) -> None:
+        program = self.program
+        if program is not None and not self.deviation:
+            if len(trace.backward_order) != len(program.reference.backward_order):
+                self._deviate(f"the iteration ran {len(trace.backward_order)} backward ops, the "
+                              f"profiled graph {len(program.reference.backward_order)}")
+            else:
+                self._run_until(program.n_ops)
+        for slot in self.slots.values():
+            if slot.transfer is not None:
+                self.device.discard(slot.transfer)
+                slot.transfer = None
+        self._inputs_held = {}
+        self._candidates = []
+        self.stats.peak_bytes = int(self.device.peak)
+        self.history.append(self.stats)
+        self.collect(trace)
+        if self.iteration_done is not None:
+            self.iteration_done(trace)
+
+    def collect(self, trace: GraphTrace) -> None:
+        """Subclasses gather measurements of the iteration that just ended."""

@@ -1,0 +1,258 @@
+"""Profiler: measure real training iterations and turn them into a measured Profile.
+
+The profiler is the executor with stopwatches: while ``measuring`` it times every forward and
+backward op (CUDA events on the GPU, the wall clock on the host), records the device's
+malloc/free events per op (hooks/allocator.py) and the bytes each function keeps for its
+backward (BatchNormalization statistics, Dropout mask, pooling argmax), and times every
+swap-out and swap-in by the real copies. As in the paper (4.2) the profiled iterations run with
+every feature map swapped, so a network that does not fit the device can still be profiled;
+the plan that does so is whatever ``use(...)`` was given (PoocH passes the swap-all schedule).
+
+``build_profile`` makes the measured Profile (the same contract as the analytic one, through
+``GraphTrace.to_builder``): op times are medians over the samples after the first (a warm-up),
+scratch sizes the largest seen, swap times the medians of the measured copies (the link preset
+on the host-simulated device) and ``link`` a fit of those copies.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from pooch_ext.errors import ProfileError
+from pooch_ext.hooks.allocator import AllocationLog, cupy_memory_hook, scratch_bytes
+from pooch_ext.hooks.device import base_of, is_array, model_arrays
+from pooch_ext.hooks.executor import Executor
+from pooch_ext.hooks.graph import _TAG, GraphTrace
+from pooch_ext.links import Link
+from pooch_ext.profile import Device, Profile
+
+
+@dataclass
+class IterationSample:
+    """What one measured iteration showed."""
+
+    iteration: int
+    trace: GraphTrace
+    forward_s: dict[int, float] = field(default_factory=dict)     # forward op -> seconds
+    backward_s: dict[int, float] = field(default_factory=dict)    # forward op -> its backward
+    saved_bytes: dict[int, int] = field(default_factory=dict)     # forward op -> bytes kept
+    scratch: dict[int, int] = field(default_factory=dict)         # op (fwd or bwd index) -> bytes
+    swap_out_s: dict[int, list[float]] = field(default_factory=dict)
+    swap_in_s: dict[int, list[float]] = field(default_factory=dict)
+    transfers: list[tuple[str, int, float]] = field(default_factory=list)  # (dir, bytes, s)
+    allocations: list[tuple] = field(default_factory=list)
+
+
+class Profiler(Executor):
+    """An Executor that, while ``measuring``, records IterationSamples in ``samples``."""
+
+    name = "PoochProfiler"
+
+    def __init__(self, model: Any, device: Any, keep_traces: int = 4, on_deviation=None,
+                 iteration_done=None) -> None:
+        super().__init__(model, device, keep_traces, on_deviation, iteration_done)
+        self.measuring = False
+        self.samples: list[IterationSample] = []
+        self.log = AllocationLog()
+        self._cupy_hook = None
+        self._fwd_timers: dict[int, Any] = {}
+        self._bwd_timers: dict[int, tuple[int, Any]] = {}
+        self._saved: dict[int, int] = {}
+        self._model_ids: set[int] = set()
+        self._timing: tuple[int, Any] | None = None   # (op window, timer) running now
+
+    # ------------------------------------------------------------ switching
+    def start_measuring(self) -> None:
+        if self.measuring:
+            return
+        self.measuring = True
+        self.timed_transfers = True
+        self.log.enabled = True
+        if self.device.kind == "cuda":
+            self._cupy_hook = cupy_memory_hook(self.log)
+            self._cupy_hook.__enter__()
+        else:
+            self.device.listener = self.log.record
+
+    def stop_measuring(self) -> None:
+        if not self.measuring:
+            return
+        self.measuring = False
+        self.timed_transfers = False
+        self.log.enabled = False
+        self.log.clear()
+        if self._cupy_hook is not None:
+            self._cupy_hook.__exit__(None, None, None)
+            self._cupy_hook = None
+        self.device.listener = None
+
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            super().__exit__(*exc)
+        finally:
+            self.stop_measuring()
+
+    # ------------------------------------------------------------ timing
+    def _start(self, window: int) -> Any:
+        timer = self.device.timer()
+        self.log.op = window
+        self._timing = (window, timer)
+        timer.start()
+        return timer
+
+    def _stop(self) -> None:
+        if self._timing is not None:
+            self._timing[1].stop()
+            self._timing = None
+            self.log.op = -1
+
+    def on_iteration_start(self) -> None:
+        super().on_iteration_start()
+        self._fwd_timers = {}
+        self._bwd_timers = {}
+        self._saved = {}
+        if self.measuring:
+            self._model_ids = model_arrays(self.model) if self.model is not None else set()
+
+    def on_forward_begin(self, index: int, function: Any) -> None:
+        super().on_forward_begin(index, function)
+        if self.measuring:
+            self._fwd_timers[index] = self._start(index)
+
+    def forward_postprocess(self, function: Any, in_data: tuple) -> None:
+        if self._timing is not None and getattr(function, _TAG, (None, None))[1] == self._timing[0] \
+                and getattr(function, _TAG)[0] is self._serial:
+            self._stop()
+        super().forward_postprocess(function, in_data)
+
+    def on_forward_resolved(self, index: int, function: Any) -> None:
+        super().on_forward_resolved(index, function)
+        if self.measuring:
+            self._saved[index] = self._saved_bytes(function, index)
+
+    def on_backward_begin(self, index: int, fwd_index: int, function: Any) -> None:
+        super().on_backward_begin(index, fwd_index, function)
+        if self.measuring:
+            self._bwd_timers[fwd_index] = (index, self._start(index))
+
+    def backward_postprocess(self, function: Any, in_data: tuple, out_grad: tuple) -> None:
+        if self._timing is not None and self._in_backward:
+            self._stop()
+        super().backward_postprocess(function, in_data, out_grad)
+
+    def _saved_bytes(self, function: Any, index: int) -> int:
+        """Bytes of arrays the function node keeps beyond its inputs, outputs and the model's."""
+        op = self.trace.ops[index]
+        exclude = set(self._model_ids)
+        for t in op.inputs + op.outputs:
+            array = self.array_of(t)
+            if array is not None:
+                exclude.add(id(base_of(array)))
+        total = 0
+        for name, value in vars(function).items():
+            if name in ("inputs", "outputs") or not is_array(value):
+                continue
+            base = base_of(value)
+            if id(base) not in exclude:
+                exclude.add(id(base))
+                total += int(base.nbytes)
+        return total
+
+    def on_iteration_end(self, trace: GraphTrace) -> None:
+        self._stop()
+        super().on_iteration_end(trace)
+
+    def collect(self, trace: GraphTrace) -> None:
+        if not self.measuring:
+            return
+        self.device.synchronize()
+        sample = IterationSample(self.iteration, trace)
+        sample.forward_s = {k: t.seconds() for k, t in self._fwd_timers.items()}
+        sample.backward_s = {k: t.seconds() for k, (_, t) in self._bwd_timers.items()}
+        sample.saved_bytes = dict(self._saved)
+        sample.scratch = scratch_bytes(self.log.events)
+        for tensor, transfer in self.stats.transfers:
+            out_s, in_s = self.device.transfer_seconds(transfer)
+            if out_s is not None:
+                sample.swap_out_s.setdefault(tensor, []).append(out_s)
+                sample.transfers.append(("d2h", transfer.nbytes, out_s))
+            if in_s is not None:
+                sample.swap_in_s.setdefault(tensor, []).append(in_s)
+                sample.transfers.append(("h2d", transfer.nbytes, in_s))
+        self.stats.transfers = []
+        sample.allocations = list(self.log.events)
+        self.log.clear()
+        self.samples.append(sample)
+
+
+# ---------------------------------------------------------------------------------- profile
+
+def fit_link(samples: list[IterationSample], name: str = "measured") -> Link | None:
+    """latency + bytes / bandwidth fitted to the measured copies (None without copies)."""
+    fitted = {}
+    for direction in ("d2h", "h2d"):
+        points = np.array([(b, s) for sample in samples for d, b, s in sample.transfers
+                           if d == direction and b > 0 and s > 0], float)
+        if len(points) == 0:
+            return None
+        nbytes, seconds = points[:, 0], points[:, 1]
+        slope, latency = (np.polyfit(nbytes, seconds, 1) if len(set(nbytes)) > 1
+                          else (seconds.sum() / nbytes.sum(), 0.0))
+        if slope <= 0:
+            slope, latency = seconds.sum() / nbytes.sum(), 0.0
+        fitted[direction] = (1.0 / slope, max(0.0, float(latency)))
+    latency = (fitted["d2h"][1] + fitted["h2d"][1]) / 2
+    return Link(name, fitted["d2h"][0], fitted["h2d"][0], latency)
+
+
+def _median(values: list[float]) -> float:
+    return float(statistics.median(values)) if values else 0.0
+
+
+def build_profile(samples: list[IterationSample], device: Device, link: Link, resident: int,
+                  meta: dict | None = None, measured_swaps: bool = True) -> Profile:
+    """The measured Profile of ``samples`` (all of one graph); the first is a warm-up when there
+    are two or more. ``measured_swaps``: take swap times from the copies, else from ``link``."""
+    if not samples:
+        raise ProfileError("no profiled iteration to build a profile from")
+    use = samples[1:] if len(samples) > 1 else samples
+    trace = use[-1].trace
+    signature = trace.signature()
+    if any(s.trace.signature() != signature for s in use):
+        raise ProfileError("the profiled iterations ran different graphs")
+    n_fwd = len(trace.ops)
+    bwd_index = {k: n_fwd + j for j, k in enumerate(trace.backward_order)}
+
+    def cost(_trace: GraphTrace, op: Any) -> dict:
+        k = op.index
+        j = bwd_index.get(k, -1)
+        return dict(
+            duration_s=_median([s.forward_s[k] for s in use if k in s.forward_s]),
+            backward_s=_median([s.backward_s[k] for s in use if k in s.backward_s]),
+            transient_bytes=max([s.scratch.get(k, 0) for s in use]),
+            backward_transient_bytes=max([s.scratch.get(j, 0) for s in use]) if j >= 0 else 0,
+            saved_bytes=int(_median([s.saved_bytes.get(k, 0) for s in use])))
+
+    info = dict(meta or {})
+    info.setdefault("source", "measured")
+    info["profiled_iterations"] = [s.iteration for s in samples]
+    info["measured_iterations"] = [s.iteration for s in use]
+    info["measured_at"] = time.strftime("%Y-%m-%dT%H:%M:%S")
+    builder = trace.to_builder(device, link, cost, info)
+    builder.resident(resident)
+    profile = builder.build(loss=trace.loss, backward_order=trace.backward_order)
+    if measured_swaps:
+        tensors = profile.tensors
+        for column, key in (("swap_out_s", "swap_out_s"), ("swap_in_s", "swap_in_s")):
+            measured = {}
+            for s in use:
+                for t, values in getattr(s, key).items():
+                    measured.setdefault(t, []).extend(values)
+            values = [(_median(measured[t]) if t in measured else v)
+                      for t, v in zip(tensors["tensor"], tensors[column])]
+            tensors[column] = np.asarray(values, float)
+    return profile
