@@ -48,6 +48,7 @@ def _same_iteration(a: Profile, b: Profile) -> bool:
                                              b.device, b.link, strip(b.meta))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, small, large", [
     ("small-resnet", (2, (3, 32, 32)), (3, (3, 48, 40))),
     ("resnet50", (2, (3, 64, 64)), (3, (3, 96, 80))),

@@ -29,6 +29,7 @@ def test_registry():
         get_model("small-resnet", n_classes=0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, size, classes", [
     ("small-resnet", (3, 32, 32), 10),
     ("resnet50", (3, 64, 64), 1000),          # global pooling: any input size runs
@@ -61,6 +62,7 @@ def test_small_resnet_has_the_structures_the_executor_needs():
     assert model(_batch((3, 32, 32), 7)[0]).shape == (2, 7)
 
 
+@pytest.mark.slow   # builds AlexNet and VGG-16 (138M parameters) once; later tests reuse the trace
 @pytest.mark.parametrize("name, params", [
     ("resnet50", 25_557_096),       # Chainer example ResNet-50 (conv1 has a bias)
     ("alexnet", 62_378_344),
