@@ -394,11 +394,18 @@ def is_array(value: Any) -> bool:
             and not isinstance(value, np.generic))
 
 
+def _grad_of(param: Any) -> Any:
+    try:
+        return param.grad
+    except RuntimeError:      # cleared by cleargrads() and not yet set by backward
+        return None
+
+
 def model_arrays(model: Any) -> set[int]:
     """ids of the buffers a model owns (parameters, gradients, persistent state)."""
     ids = set()
     for param in model.params():
-        for array in (param.array, param.grad):
+        for array in (param.array, _grad_of(param)):
             if array is not None:
                 ids.add(id(base_of(array)))
     for link in model.links():

@@ -145,10 +145,11 @@ class Executor(GraphRecorder):
         self._next_boundary = 0
         self._pending_in_data: tuple | None = None
         self._after_op: list[int] = []
+        self._queued: tuple | None = None
 
     def use(self, program: Program | None) -> None:
         """Replay ``program`` from the next iteration on (None: work on demand only)."""
-        self.program = program
+        self._queued = (program,)
 
     def abandon(self) -> None:
         """Forget the iteration in progress (after an error): nothing more is run for it."""
@@ -420,6 +421,8 @@ class Executor(GraphRecorder):
             self._pending_in_data = in_data
 
     def on_iteration_start(self) -> None:
+        if self._queued is not None:
+            self.program, self._queued = self._queued[0], None
         self.stats = IterationStats(self.iteration, self.program.label if self.program else "")
         self.deviation = ""
         self.slots = {}

@@ -1,0 +1,99 @@
+"""Training under PoocH is plain Chainer, bit for bit, whatever the plan.
+
+BranchyNet has residual adds, a concat of two branches, BatchNormalization, Dropout, max and
+average pooling and Linear. Each policy classifies on the measured profile under a budget
+tight enough to force swaps (and recomputation where the policy uses it); the iterations after
+profiling replay its schedule on the host-simulated device. Parameters, BatchNormalization
+statistics, optimizer state and every loss must equal plain Chainer's exactly.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pooch_ext.hooks.training import (BranchyNet, make_optimizer, model_state, states_equal,
+                                      synthetic_batches, train)
+from pooch_ext.plan import Plan
+from pooch_ext.simulator import minimum_budget, simulate
+
+ITERS, PROFILE_ITERS = 6, 3
+
+
+def _run(pooch=None, seed=0):
+    np.random.seed(seed)                      # parameters and Dropout masks
+    model = BranchyNet()
+    optimizer = make_optimizer(model, "momentum")
+    result = train(model, optimizer, synthetic_batches(ITERS, 4, (3, 16, 16), 5), pooch)
+    if result.error is not None:
+        raise result.error
+    return result, model_state(model, optimizer)
+
+
+@pytest.fixture(scope="module")
+def plain():
+    return _run()
+
+
+@pytest.fixture(scope="module")
+def measured():
+    result, _ = _run({"profile_iters": PROFILE_ITERS, "policy": None, "verbose": False})
+    return result.pooch.profile
+
+
+def _forced(rule):
+    """A policy that classifies by ``rule(index, can_recompute)`` and lets the simulator schedule."""
+    def classify(profile, budget, link):
+        fms = profile.feature_maps
+        classes = {int(t): rule(i, bool(rc)) for i, (t, rc) in
+                   enumerate(zip(fms.tensor, fms.can_recompute))}
+        plan = Plan("forced", classes)
+        simulate(profile, plan, link, budget)
+        return plan
+    return classify
+
+
+FORCED = {
+    "mixed": _forced(lambda i, rc: ("keep", "swap", "recompute")[i % 3] if rc
+                     else ("keep", "swap")[i % 2]),
+    "recompute-all": _forced(lambda i, rc: "recompute" if rc else "swap"),
+}
+
+
+def _tight(profile, fraction=0.25):
+    low, high = minimum_budget(profile), profile.incore_peak_bytes
+    return int(low + fraction * (high - low))
+
+
+def _check_exact(plain, policy, budget):
+    (plain_result, plain_state) = plain
+    result, state = _run({"profile_iters": PROFILE_ITERS, "policy": policy, "budget": budget,
+                          "verbose": False})
+    assert result.losses == plain_result.losses
+    assert states_equal(state, plain_state)
+    runs = result.pooch.iterations
+    executed = runs.iloc[PROFILE_ITERS:]
+    assert len(executed) == ITERS - PROFILE_ITERS
+    assert (executed.on_demand == 0).all() and (runs.deviation == "").all()
+    if budget is not None:
+        assert runs.peak_bytes.max() <= budget
+    return result.pooch
+
+
+@pytest.mark.parametrize("policy", ["in-core", "swap-all", "swap-all-nosched"])
+def test_policies_train_bit_identically(plain, measured, policy):
+    budget = None if policy == "in-core" else _tight(measured)
+    pooch = _check_exact(plain, policy, budget)
+    counts = pooch.plan.counts
+    if policy == "in-core":
+        assert counts["swap"] == counts["recompute"] == 0
+    else:
+        assert counts["swap"] > 0
+
+
+@pytest.mark.parametrize("name", sorted(FORCED))
+def test_forced_swap_and_recompute_plans_train_bit_identically(plain, name):
+    pooch = _check_exact(plain, FORCED[name], None)
+    counts = pooch.plan.counts
+    assert counts["recompute"] > 0 and (counts["swap"] > 0 or name == "recompute-all")
+    executed = pooch.iterations.iloc[PROFILE_ITERS:]
+    assert (executed.recomputes == counts["recompute"]).all()
