@@ -167,7 +167,9 @@ class Profiler(Executor):
         super().on_iteration_end(trace)
 
     def collect(self, trace: GraphTrace) -> None:
-        if not self.measuring:
+        if not self.measuring or not trace.backward_order:   # no backward: not a training step
+            self.stats.transfers = []
+            self.log.clear()
             return
         self.device.synchronize()
         sample = IterationSample(self.iteration, trace)

@@ -128,6 +128,11 @@ class PoocH:
             raise
 
     def _advance(self, trace: GraphTrace) -> None:
+        if not trace.backward_order:
+            # forward ops without a backward (a metric computed after the update, the tail of
+            # a loop): not a training iteration, nothing to learn from it
+            self._reprofile_reason = ""
+            return
         if self._reprofile_reason:
             reason, self._reprofile_reason = self._reprofile_reason, ""
             if self._reprofiles >= MAX_REPROFILES:

@@ -1,0 +1,162 @@
+"""PoocH around real training loops: Trainer and hand-written, budgets, graph changes."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import pooch_ext  # noqa: F401
+import chainer
+import chainer.functions as F
+import chainer.links as L
+from chainer import training
+from chainer.training import extensions
+
+from pooch_ext.errors import BudgetTooSmallError, UnknownNameError
+from pooch_ext.hooks.training import (BranchyNet, make_optimizer, model_state, states_equal,
+                                      synthetic_batches, train)
+from pooch_ext.pooch import PoocH
+from pooch_ext.simulator import minimum_budget
+
+SHAPE = (3, 16, 16)
+
+
+def _trainer(out, n_iter, pooch_kwargs=None, seed=0):
+    np.random.seed(seed)
+    model = L.Classifier(BranchyNet())
+    optimizer = make_optimizer(model, "adam")
+    rng = np.random.RandomState(3)
+    data = [(rng.rand(*SHAPE).astype(np.float32), np.int32(rng.randint(5))) for _ in range(24)]
+    iterator = chainer.iterators.SerialIterator(data, 4, shuffle=False)
+    updater = training.updaters.StandardUpdater(iterator, optimizer)
+    trainer = training.Trainer(updater, (n_iter, "iteration"), out=str(out))
+    trainer.extend(extensions.LogReport(trigger=(1, "iteration")))
+    if pooch_kwargs is None:
+        trainer.run()
+        return model, optimizer, None
+    with PoocH(model, **pooch_kwargs) as pooch:
+        trainer.extend(pooch.extension())
+        trainer.extend(extensions.PrintReport(["iteration", "main/loss", "pooch/profiling",
+                                               "pooch/peak_mib"]))
+        trainer.run()
+    return model, optimizer, pooch
+
+
+def test_trainer_runs_under_pooch_bit_identically_and_reports(tmp_path, capsys):
+    model, optimizer, _ = _trainer(tmp_path / "plain", 6)
+    p_model, p_optimizer, pooch = _trainer(tmp_path / "pooch", 6, {"profile_iters": 2,
+                                                                    "policy": "swap-all"})
+    assert states_equal(model_state(p_model, p_optimizer), model_state(model, optimizer))
+    log = json.loads((tmp_path / "pooch" / "log").read_text())
+    assert [entry["pooch/profiling"] for entry in log] == [1, 1, 0, 0, 0, 0]
+    assert all(entry["pooch/peak_mib"] > 0 for entry in log)
+    err = capsys.readouterr().err
+    assert "PoocH: swap-all plan for Classifier: keep" in err and "predicted" in err
+    assert pooch.plan.counts["swap"] > 0 and sum(pooch.plan.counts.values()) == len(
+        pooch.profile.feature_maps)
+    assert pooch.timeline is pooch.plan.timeline and pooch.timeline.iteration_time_s > 0
+    assert pooch.profile.incore_peak_bytes > 0
+    table = pooch.plan.to_csv(tmp_path / "plan.csv").read_text()
+    assert table.startswith("tensor,") and "swap" in table
+    runs = pooch.iterations
+    assert list(runs.iteration) == list(range(6)) and list(runs.program[2:]) == ["swap-all"] * 4
+    assert runs.compute_s.notna().all() and runs.wall_s.iloc[:-1].notna().all()
+
+
+def _loop(n, pooch_kwargs=None, seed=0, batches=None):
+    np.random.seed(seed)
+    model = BranchyNet()
+    optimizer = make_optimizer(model, "momentum")
+    batches = batches or synthetic_batches(n, 4, SHAPE, 5)
+    result = train(model, optimizer, batches, pooch_kwargs)
+    return result, model_state(model, optimizer)
+
+
+def test_a_budget_below_the_minimum_fails_before_the_next_iteration_changes_anything():
+    full = _loop(3, {"profile_iters": 3, "policy": None, "verbose": False})[0].pooch.profile
+    minimum = minimum_budget(full)
+    result, state = _loop(5, {"profile_iters": 3, "budget": minimum // 2, "policy": "swap-all",
+                              "verbose": False})
+    assert isinstance(result.error, BudgetTooSmallError)
+    assert result.error.minimum_bytes == minimum and result.error.budget_bytes == minimum // 2
+    assert len(result.losses) == 1             # iteration 0 ran, iteration 1 never started
+    plain, plain_state = _loop(1)
+    assert result.losses == plain.losses and states_equal(state, plain_state)
+
+
+def test_a_policy_that_cannot_fit_fails_after_profiling_with_the_state_of_plain_training():
+    full = _loop(3, {"profile_iters": 3, "policy": None, "verbose": False})[0].pooch.profile
+    budget = (minimum_budget(full) + full.incore_peak_bytes) // 2
+    result, state = _loop(5, {"profile_iters": 3, "budget": budget, "policy": "in-core",
+                              "verbose": False})
+    assert isinstance(result.error, BudgetTooSmallError)
+    assert result.error.minimum_bytes == full.incore_peak_bytes
+    assert "in-core" in str(result.error)
+    plain, plain_state = _loop(3)
+    assert result.losses == plain.losses and states_equal(state, plain_state)
+
+
+def test_a_changed_graph_is_reported_and_profiled_again():
+    batches = synthetic_batches(4, 4, SHAPE, 5) + synthetic_batches(5, 3, SHAPE, 5, seed=9)
+    result, state = _loop(0, {"profile_iters": 2, "policy": "swap-all", "verbose": False},
+                          batches=batches)
+    plain, plain_state = _loop(0, batches=batches)
+    assert result.error is None
+    assert result.losses == plain.losses and states_equal(state, plain_state)
+    pooch = result.pooch
+    assert any("graph changed" in m and "shape (3, 3, 16, 16)" in m for m in pooch.messages)
+    assert sum("plan for" in m for m in pooch.messages) == 2
+    programs = list(pooch.iterations.program)
+    assert programs == ["on-demand", "profile", "swap-all", "swap-all", "swap-all",
+                        "on-demand", "profile", "swap-all", "swap-all"]
+
+
+def test_user_held_outputs_stay_usable_after_backward():
+    """A loop that keeps ``y`` and computes its accuracy after backward (a common pattern)."""
+    def run(pooch_kwargs):
+        np.random.seed(0)
+        model = BranchyNet()
+        optimizer = make_optimizer(model)
+        accuracies = []
+
+        def loop():
+            for x, t in synthetic_batches(7, 4, SHAPE, 5):
+                y = model(x)
+                loss = F.softmax_cross_entropy(y, t)
+                model.cleargrads()
+                loss.backward()
+                optimizer.update()
+                accuracies.append(float(F.accuracy(y, t).array))
+        if pooch_kwargs is None:
+            loop()
+            return accuracies, model_state(model, optimizer), None
+        with PoocH(model, **pooch_kwargs) as pooch:
+            loop()
+        return accuracies, model_state(model, optimizer), pooch
+
+    plain_acc, plain_state = run(None)[:2]
+    acc, state, pooch = run({"profile_iters": 2, "policy": "swap-all", "verbose": False})
+    assert acc == plain_acc and states_equal(state, plain_state)
+    assert pooch.plan is not None
+
+
+def test_a_single_profiled_iteration_is_enough_and_in_core_swaps_nothing():
+    result, state = _loop(4, {"profile_iters": 1, "policy": "in-core", "verbose": False})
+    plain, plain_state = _loop(4)
+    assert result.losses == plain.losses and states_equal(state, plain_state)
+    runs = result.pooch.iterations
+    assert list(runs.program) == ["on-demand", "in-core", "in-core", "in-core"]
+    assert (runs.swap_outs.iloc[1:] == 0).all() and (runs.recomputes == 0).all()
+
+
+def test_bad_arguments_are_refused_up_front():
+    model = BranchyNet()
+    with pytest.raises(ValueError, match="profile_iters"):
+        PoocH(model, profile_iters=0, policy="swap-all")
+    with pytest.raises(UnknownNameError, match="unknown policy 'fastest'"):
+        PoocH(model, policy="fastest")
+    with pytest.raises(UnknownNameError, match="unknown link"):
+        PoocH(model, link="pcie9", policy="swap-all")
+    with pytest.raises(ValueError, match="byte size"):
+        PoocH(model, budget="lots", policy="swap-all")

@@ -1,0 +1,99 @@
+"""Measured profiles: the real graph, measured times and kept bytes, all maps swapped."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pooch_ext.errors import ProfileError
+from pooch_ext.hooks.device import resident_bytes
+from pooch_ext.hooks.graph import GraphRecorder
+from pooch_ext.hooks.profiler import IterationSample, build_profile, fit_link
+from pooch_ext.hooks.training import BranchyNet, make_optimizer, synthetic_batches, train
+from pooch_ext.links import get_link
+from pooch_ext.profile import Device, Profile
+from pooch_ext.simulator import minimum_budget
+
+
+def _profiled(budget=None, iters=3, batch=4):
+    np.random.seed(0)
+    model = BranchyNet()
+    optimizer = make_optimizer(model, "adam")
+    result = train(model, optimizer, synthetic_batches(iters, batch, (3, 16, 16), 5),
+                   {"profile_iters": iters, "policy": None, "budget": budget, "verbose": False})
+    if result.error is not None:
+        raise result.error
+    return result.pooch, model
+
+
+@pytest.fixture(scope="module")
+def profiled():
+    return _profiled()
+
+
+def test_measured_profile_is_the_real_graph_with_measured_times(profiled):
+    pooch, model = profiled
+    profile = pooch.profile
+    assert profile.validate() == []
+    assert profile.meta["source"] == "measured" and profile.meta["measured_iterations"] == [1, 2]
+    assert profile.device.kind == "host-sim" and profile.meta["batch"] == 4
+    np.random.seed(0)
+    with GraphRecorder(BranchyNet()) as recorder:
+        train(recorder.model, make_optimizer(recorder.model), synthetic_batches(1, 4, (3, 16, 16), 5))
+    names = [op.name for op in recorder.traces[-1].ops]
+    assert list(profile.forward_ops.name) == names
+    assert (profile.ops.duration_s > 0).all()
+    assert len(profile.backward_ops) == len(names) and len(profile.feature_maps) >= 8
+    assert profile.resident_bytes == resident_bytes(model)   # Adam's moments included
+
+
+def test_kept_bytes_are_measured_from_the_function_nodes(profiled):
+    profile = profiled[0].profile
+    dropout = int(profile.ops.index[profile.ops.name == "Dropout"][0])
+    x = profile.ops.at[dropout, "inputs"][0]
+    mask_bytes = int(profile.tensors.set_index("tensor").at[x, "bytes"])   # float32 mask
+    other = profile.memory[(profile.memory.category == "other") & (profile.memory.kind == "malloc")]
+    assert int(other[other.op == dropout].bytes.sum()) == mask_bytes
+    pool = int(profile.ops.index[profile.ops.name == "MaxPoolingND"][0])
+    assert int(other[other.op == pool].bytes.sum()) > 0                     # argmax indexes
+
+
+def test_host_simulated_swap_times_come_from_its_link_and_the_profile_round_trips(profiled, tmp_path):
+    profile = profiled[0].profile
+    link = get_link("pcie3")
+    assert profile.link == link
+    fms = profile.feature_maps
+    assert np.allclose(fms.swap_out_s, [link.swap_out_s(b) for b in fms.bytes])
+    assert Profile.load(profile.save(tmp_path / "p")) == profile
+
+
+def test_profiling_runs_all_swapped_so_a_network_over_budget_can_be_profiled(profiled):
+    full = profiled[0].profile
+    budget = (minimum_budget(full) + full.incore_peak_bytes) // 2
+    pooch, _ = _profiled(budget=budget)
+    runs = pooch.iterations
+    assert list(runs.program) == ["on-demand", "profile", "profile"]
+    assert (runs.peak_bytes <= budget).all()
+    assert (runs.swap_outs >= len(full.feature_maps) - 1).all()
+    assert pooch.profile.incore_peak_bytes > budget
+
+
+def test_fit_link_recovers_bandwidth_and_latency():
+    def sample(direction, bandwidth, latency):
+        s = IterationSample(0, None)
+        s.transfers = [(direction, b, latency + b / bandwidth) for b in (1e5, 1e6, 4e6, 1.6e7)]
+        return s
+    link = fit_link([sample("d2h", 12e9, 20e-6), sample("h2d", 24e9, 20e-6)])
+    assert link.d2h_bytes_per_s == pytest.approx(12e9, rel=1e-6)
+    assert link.h2d_bytes_per_s == pytest.approx(24e9, rel=1e-6)
+    assert link.latency_s == pytest.approx(20e-6, rel=1e-4)
+    assert fit_link([]) is None
+
+
+def test_build_profile_refuses_samples_of_different_graphs():
+    small, _ = _profiled(iters=2, batch=2)
+    other = _profiled(iters=2, batch=4)[0]
+    mixed = small.runtime.samples + other.runtime.samples
+    with pytest.raises(ProfileError, match="different graphs"):
+        build_profile(mixed, Device("x", 1 << 30, "host-sim"), get_link("pcie3"), 0)
+    with pytest.raises(ProfileError, match="no profiled iteration"):
+        build_profile([], Device("x", 1 << 30, "host-sim"), get_link("pcie3"), 0)
