@@ -147,12 +147,15 @@ class HostSimDevice:
     def reset_peak(self) -> None:
         self.peak = self.used_bytes()
 
-    def check(self, where: str = "") -> None:
-        """Record the peak; over the budget (when enforced) raise DeviceOutOfMemoryError."""
+    def check(self, where: str = "", index: int | None = None, function: Any = None) -> None:
+        """Record the peak; over the budget (when enforced) raise DeviceOutOfMemoryError naming
+        ``where`` (e.g. "forward op", 12, the function node)."""
         total = self.resident + self.used
         if total > self.peak:
             self.peak = total
         if self.enforce and self.budget is not None and total > self.budget:
+            if index is not None:
+                where = f"{where} {index}" + (f" ({type(function).__name__})" if function else "")
             raise DeviceOutOfMemoryError(
                 f"host-simulated device out of memory{' at ' + where if where else ''}: "
                 f"{format_bytes(total)} held ({total} bytes) > budget {format_bytes(self.budget)}")
@@ -311,7 +314,8 @@ class CupyDevice:
     def reset_peak(self) -> None:
         self.peak = self.used_bytes()
 
-    def check(self, where: str = "") -> None:
+    def check(self, where: str = "", index: int | None = None, function: Any = None) -> None:
+        """Record the peak (the pool itself raises OutOfMemoryError over its limit)."""
         used = int(self.pool.used_bytes())
         if used > self.peak:
             self.peak = used

@@ -125,6 +125,7 @@ class Executor(GraphRecorder):
     """Replay ``program`` (set it with ``use(program)``) at op boundaries on ``device``."""
 
     name = "PoochExecutor"
+    record_attrs = False        # op attributes (stride, pad) are for the cost model only
 
     def __init__(self, model: Any, device: Any, keep_traces: int = 4,
                  on_deviation: Callable[[str], None] | None = None,
@@ -431,7 +432,9 @@ class Executor(GraphRecorder):
         self._candidates = []
         self._after_op = []
         self._next_boundary = 0
-        if self.model is not None:
+        if self.model is not None and self.device.kind == "host-sim" and (
+                self.iteration < 4 or self.iteration % 64 == 0):
+            # gradients count from the start; optimizer state appears at the first update
             self.device.resident = resident_bytes(self.model)
         self.device.reset_peak()
         self.stats.started = time.perf_counter()
@@ -442,7 +445,7 @@ class Executor(GraphRecorder):
         self._run_until(index)
         if self._on_demand():
             self._release_unreferenced()
-        self.device.check(f"forward op {index} ({type(function).__name__})")
+        self.device.check("forward op", index, function)
 
     def on_forward_resolved(self, index: int, function: Any) -> None:
         op = self.trace.ops[index]
@@ -465,7 +468,7 @@ class Executor(GraphRecorder):
                        [op.outputs[p] for p in op.retain_outputs]
             self._candidates.extend(t for t in retained if tensors[t].producer >= 0
                                     and t not in self._candidates)
-        self.device.check(f"forward op {index} ({op.name})")
+        self.device.check("forward op", index, function)
 
     def on_backward_begin(self, index: int, fwd_index: int, function: Any) -> None:
         program = self.program
@@ -486,7 +489,7 @@ class Executor(GraphRecorder):
             slot = self.slots.get(tensor)
             if slot is not None and slot.state != "device":
                 self._restore_on_demand(tensor)
-        self.device.check(f"backward op {index} ({type(function).__name__})")
+        self.device.check("backward op", index, function)
 
     def on_backward_end(self, index: int, fwd_index: int, function: Any) -> None:
         # maps restored outside the schedule go back to where the schedule believes they are

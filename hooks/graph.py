@@ -138,6 +138,7 @@ class GraphRecorder(chainer.FunctionHook):
     """
 
     name = "PoochGraphRecorder"
+    record_attrs = True    # subclasses that never read OpRecord.attrs may skip collecting them
 
     def __init__(self, model: chainer.Link | None = None, keep_traces: int = 8) -> None:
         self.model = model
@@ -153,6 +154,7 @@ class GraphRecorder(chainer.FunctionHook):
         self._labels: list[str] = []
         self._in_backward = 0
         self._serial = object()
+        self._n_inputs = 0     # network inputs seen this iteration
 
     # ------------------------------------------------------------ context
     def __enter__(self) -> "GraphRecorder":
@@ -233,6 +235,7 @@ class GraphRecorder(chainer.FunctionHook):
         self._labels = []
         self.nodes = {}
         self._serial = object()
+        self._n_inputs = 0
         self.on_iteration_start()
 
     def _end_iteration(self) -> None:
@@ -259,7 +262,6 @@ class GraphRecorder(chainer.FunctionHook):
         index, function = self._pending
         self._pending = None
         inputs, params, positions, differentiable = [], [], {}, []
-        n_network_inputs = sum(t.producer < 0 for t in self.trace.tensors)
         for position, node in enumerate(function.inputs):
             variable = node.get_variable_or_none()
             if isinstance(variable, chainer.Parameter):
@@ -267,8 +269,8 @@ class GraphRecorder(chainer.FunctionHook):
                 continue
             known = getattr(node, _TAG, None)
             if known is None or known[0] is not self._serial:
-                tid = self._tensor_id(node, -1, n_network_inputs, node.shape, node.dtype)
-                n_network_inputs += 1
+                tid = self._tensor_id(node, -1, self._n_inputs, node.shape, node.dtype)
+                self._n_inputs += 1
             else:
                 tid = known[1]
             positions[position] = len(inputs)
@@ -290,5 +292,5 @@ class GraphRecorder(chainer.FunctionHook):
         retained_out = list(function._output_indexes_to_retain or ())
         self.trace.ops.append(OpRecord(index, type(function).__name__, self._labels[index], inputs, outputs,
                                        params, retained_in, retained_out, differentiable,
-                                       _scalar_attrs(function)))
+                                       _scalar_attrs(function) if self.record_attrs else {}))
         self.on_forward_resolved(index, function)
