@@ -23,6 +23,7 @@ import sys
 from typing import Any, Callable
 
 import pandas as pd
+from tqdm import tqdm
 
 import pooch_ext  # noqa: F401  (chainer import compat)
 import chainer
@@ -103,7 +104,7 @@ class PoocH:
         self.messages.append(message)
         log.info(message)
         if self.verbose:
-            print(f"PoocH: {message}", file=sys.stderr, flush=True)
+            tqdm.write(f"PoocH: {message}", file=sys.stderr)   # safe beside progress bars
 
     def _start_profiling(self) -> None:
         self._phase = "profile"

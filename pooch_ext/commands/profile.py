@@ -35,6 +35,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--out", default=None, metavar="DIR",
                         help="folder to write the profile into (profile.json + CSVs)")
     parser.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    parser.add_argument("--measure", action="store_true",
+                        help="measure real training iterations instead: on the CUDA device when "
+                             "CuPy sees one (copies timed), else on the host-simulated device "
+                             "(copy times from --link); --gpu and --conv do not apply")
+    parser.add_argument("--budget", default=None,
+                        help="with --measure: device memory budget while profiling, e.g. 4GiB")
+    parser.add_argument("--iters", type=int, default=3,
+                        help="with --measure: iterations to profile, the first a warm-up (default 3)")
     parser.set_defaults(run=run, source="analytic")
 
 
@@ -45,7 +53,15 @@ def _analytic(args: argparse.Namespace) -> Profile:
                             link=args.link, conv=args.conv)
 
 
-SOURCES: dict[str, Callable[[argparse.Namespace], Profile]] = {"analytic": _analytic}
+def _measured(args: argparse.Namespace) -> Profile:
+    from pooch_ext.measure import measured_profile   # imports chainer: only when needed
+
+    return measured_profile(args.model, args.batch, args.input_size, budget=args.budget,
+                            iters=args.iters, link=args.link)
+
+
+SOURCES: dict[str, Callable[[argparse.Namespace], Profile]] = {"analytic": _analytic,
+                                                               "measured": _measured}
 
 
 def summary_lines(summary: dict) -> list[str]:
@@ -74,7 +90,9 @@ def summary_lines(summary: dict) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    profile = SOURCES[args.source](args)
+    if args.budget is not None and not args.measure:
+        raise ValueError("--budget applies to --measure only")
+    profile = SOURCES["measured" if args.measure else args.source](args)
     summary = profile.summary()
     summary["input_size"] = "x".join(str(s) for s in profile.meta.get("input_size", []))
     if args.out:
