@@ -215,3 +215,31 @@ def test_the_executor_ignores_evaluation_under_no_backprop():
             with chainer.no_backprop_mode(), chainer.using_config("train", False):
                 model(x)
     assert all(not s.deviation for s in executor.history) and len(executor.history) == 3
+
+
+def test_recompute_rules_rebuild_outputs_exactly_and_refuse_what_they_cannot():
+    from chainer.functions.noise.dropout import Dropout
+    from chainer.functions.normalization.batch_normalization import BatchNormalization
+
+    from pooch_ext.hooks.recompute import RecomputeError, recompute
+
+    rng = np.random.RandomState(0)
+    x = rng.rand(4, 8, 6, 6).astype(np.float32)
+    gamma, beta = rng.rand(8).astype(np.float32), rng.rand(8).astype(np.float32)
+    mean, var = np.zeros(8, np.float32), np.ones(8, np.float32)
+    node = BatchNormalization(mean=mean, var=var)
+    y, = node.apply((x, gamma, beta))
+    stats = mean.copy(), var.copy()
+    again, = recompute(node, (x, gamma, beta))
+    assert again.tobytes() == y.array.tobytes()
+    assert np.array_equal(mean, stats[0]) and np.array_equal(var, stats[1])   # no 2nd update
+    dropout = Dropout(0.5)
+    z, = dropout.apply((x,))
+    state = np.random.get_state()[1].copy()
+    assert recompute(dropout, (x,))[0].tobytes() == z.array.tobytes()
+    assert np.array_equal(np.random.get_state()[1], state)                   # no new mask drawn
+    with pytest.raises(RecomputeError, match="no mask"):
+        recompute(Dropout(0.5), (x,))
+    softmax_node = F.softmax(chainer.Variable(x)).creator
+    with pytest.raises(RecomputeError, match="Softmax has no exact recompute rule"):
+        recompute(softmax_node, (x,))
