@@ -8,3 +8,11 @@ from pooch_ext._compat import ensure_chainer_importable
 ensure_chainer_importable()
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    """``pooch_ext.PoocH`` without importing chainer until it is used."""
+    if name == "PoocH":
+        from pooch_ext.pooch import PoocH
+        return PoocH
+    raise AttributeError(f"module 'pooch_ext' has no attribute {name!r}")

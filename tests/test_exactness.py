@@ -14,7 +14,8 @@ import pytest
 from pooch_ext.hooks.training import (BranchyNet, make_optimizer, model_state, states_equal,
                                       synthetic_batches, train)
 from pooch_ext.plan import Plan
-from pooch_ext.simulator import minimum_budget, simulate
+from pooch_ext.profile import Profile
+from pooch_ext.simulator import minimum_budget, schedule_memory, simulate
 
 ITERS, PROFILE_ITERS = 6, 3
 
@@ -97,3 +98,27 @@ def test_forced_swap_and_recompute_plans_train_bit_identically(plain, name):
     assert counts["recompute"] > 0 and (counts["swap"] > 0 or name == "recompute-all")
     executed = pooch.iterations.iloc[PROFILE_ITERS:]
     assert (executed.recomputes == counts["recompute"]).all()
+
+
+def test_accounted_memory_stays_within_what_the_schedule_implies_for_activations(plain, measured):
+    """The host-simulated device counts the activation arrays the graph holds (plus resident
+    bytes); the schedule's memory model restricted to activation events bounds it, so a map
+    the executor forgot to drop would show up here."""
+    for policy, budget in (("swap-all", _tight(measured, 0.5)), (FORCED["mixed"], None)):
+        pooch = _check_exact(plain, policy, budget)
+        profile = pooch.profile
+        memory = profile.memory
+        activations = Profile(profile.ops, profile.tensors,
+                              memory[memory.category == "activation"].reset_index(drop=True),
+                              profile.resident_bytes, profile.device, profile.link, profile.meta)
+        bound = schedule_memory(activations, pooch.plan.schedule).peak_bytes.max()
+        executed = pooch.iterations.iloc[PROFILE_ITERS:]
+        assert executed.peak_bytes.max() <= bound
+        in_core = schedule_memory(activations, _keep_all_schedule(profile)).peak_bytes.max()
+        assert executed.peak_bytes.max() < in_core
+
+
+def _keep_all_schedule(profile):
+    plan = Plan("in-core", {int(t): "keep" for t in profile.feature_maps.tensor})
+    simulate(profile, plan)
+    return plan.schedule
