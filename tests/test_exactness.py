@@ -60,6 +60,20 @@ FORCED = {
 }
 
 
+def _random_plan(seed, timing):
+    """Random classes (any allowed class per map) scheduled with the given swap-in timing."""
+    rng = np.random.RandomState(seed)
+
+    def classify(profile, budget, link):
+        fms = profile.feature_maps
+        classes = {int(t): str(rng.choice(["keep", "swap", "recompute"] if rc else ["keep", "swap"]))
+                   for t, rc in zip(fms.tensor, fms.can_recompute)}
+        plan = Plan("random", classes, swap_in_timing=timing)
+        simulate(profile, plan, link, budget)
+        return plan
+    return classify
+
+
 def _tight(profile, fraction=0.25):
     low, high = minimum_budget(profile), profile.incore_peak_bytes
     return int(low + fraction * (high - low))
@@ -98,6 +112,13 @@ def test_forced_swap_and_recompute_plans_train_bit_identically(plain, name):
     assert counts["recompute"] > 0 and (counts["swap"] > 0 or name == "recompute-all")
     executed = pooch.iterations.iloc[PROFILE_ITERS:]
     assert (executed.recomputes == counts["recompute"]).all()
+
+
+@pytest.mark.parametrize("seed,timing", [(1, "early"), (2, "previous-op"), (3, "previous-conv"),
+                                         (5, "vdnn")])
+def test_random_plans_with_every_swap_in_timing_train_bit_identically(plain, seed, timing):
+    pooch = _check_exact(plain, _random_plan(seed, timing), None)
+    assert pooch.plan.swap_in_timing == timing and pooch.plan.counts["swap"] > 0
 
 
 def test_accounted_memory_stays_within_what_the_schedule_implies_for_activations(plain, measured):
