@@ -368,10 +368,11 @@ class Executor(GraphRecorder):
         self._after_op.append(tensor)
         self.stats.on_demand += 1
 
-    def _backward_needs(self, fwd_index: int) -> list[int]:
-        op = self.trace.ops[fwd_index]
-        needs = [op.inputs[p] for p in op.retain_inputs] + [op.outputs[p] for p in op.retain_outputs]
-        return [t for t in dict.fromkeys(needs) if self.trace.tensors[t].producer >= 0]
+    def _retained(self, op: Any) -> list[int]:
+        """The maps ``op`` keeps for its backward, network inputs (the caller's) excluded."""
+        kept = [op.inputs[p] for p in op.retain_inputs] + [op.outputs[p] for p in op.retain_outputs]
+        tensors = self.trace.tensors
+        return [t for t in dict.fromkeys(kept) if tensors[t].producer >= 0]
 
     # ------------------------------------------------------------ graph checks
     def _deviate(self, reason: str) -> None:
@@ -379,11 +380,8 @@ class Executor(GraphRecorder):
             return
         self.deviation = reason
         self.stats.deviation = reason
-        tensors = self.trace.tensors
         for op in self.trace.ops:     # from now on, anything retained may go once unreferenced
-            retained = [op.inputs[p] for p in op.retain_inputs] + \
-                       [op.outputs[p] for p in op.retain_outputs]
-            self._candidates.extend(t for t in retained if tensors[t].producer >= 0)
+            self._candidates.extend(self._retained(op))
         self._candidates = list(dict.fromkeys(self._candidates))
         if self.on_deviation is not None:
             self.on_deviation(reason)
@@ -463,11 +461,7 @@ class Executor(GraphRecorder):
         if program is not None and not self.deviation:
             self._check_resolved(index)
         if self._on_demand():
-            tensors = self.trace.tensors
-            retained = [op.inputs[p] for p in op.retain_inputs] + \
-                       [op.outputs[p] for p in op.retain_outputs]
-            self._candidates.extend(t for t in retained if tensors[t].producer >= 0
-                                    and t not in self._candidates)
+            self._candidates.extend(t for t in self._retained(op) if t not in self._candidates)
         self.device.check("forward op", index, function)
 
     def on_backward_begin(self, index: int, fwd_index: int, function: Any) -> None:
@@ -485,7 +479,7 @@ class Executor(GraphRecorder):
         self._run_until(index)
         if self._on_demand():
             self._release_unreferenced()
-        for tensor in self._backward_needs(fwd_index):
+        for tensor in self._retained(self.trace.ops[fwd_index]):
             slot = self.slots.get(tensor)
             if slot is not None and slot.state != "device":
                 self._restore_on_demand(tensor)
