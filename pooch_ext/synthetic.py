@@ -95,5 +95,5 @@ def random_profile(seed: int, n_layers: int = 8, link: Link | str = "pcie3",
                      label="fc")
     b.forward("SoftmaxCrossEntropy", [h], [((), "float32")], 1e-5, 1e-5, retain_inputs=[0],
               label="loss")
-    b.resident(int(rng.integers(50, 200)) << 20)
+    b.resident(int(rng.integers(5, 40)) << 20)
     return b.build(update_s=1e-4)

@@ -1,0 +1,45 @@
+"""sqrt-n: checkpointing of Chen et al. (2016), recompute only.
+
+Every k-th feature map (in execution order) is a checkpoint and kept; all others are
+recomputed (kept where they cannot be). k = sqrt(n) is Chen's choice; when that does not fit
+the budget, or a sparser spacing is faster and fits, the fastest fitting k wins. A budget no
+spacing fits gives an infeasible plan: recomputation alone cannot go lower.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from pooch_ext.plan import Plan
+from pooch_ext.policies.common import Context
+from pooch_ext.simmodel import KEEP, RECOMPUTE
+from pooch_ext.simulator import fits, run
+
+
+def checkpoint_codes(model, spacing: int) -> np.ndarray:
+    """Keep every ``spacing``-th map counted from the input side, recompute the others."""
+    codes = np.full(model.m, KEEP)
+    for i in range(model.m):
+        if (i + 1) % spacing and model.can[i, RECOMPUTE]:
+            codes[i] = RECOMPUTE
+    return codes
+
+
+def classify(profile, budget=None, link=None) -> Plan:
+    ctx = Context(profile, budget, link, "sqrt-n")
+    model = ctx.model
+    root = max(1, round(math.sqrt(model.m)))
+    best, best_time = None, math.inf
+    for spacing in sorted(set(range(1, model.m + 2)), key=lambda k: (abs(k - root), k)):
+        codes = checkpoint_codes(model, spacing)
+        if fits(model, codes, ctx.budget):
+            t = run(model, codes, "early", ctx.budget).time_s
+            if t < best_time:
+                best, best_time = codes, t
+    if best is None:
+        plan = ctx.plan(checkpoint_codes(model, root), "early")
+        plan.feasible = False
+        plan.reason = "no checkpoint spacing fits the budget with recomputation alone"
+        return plan
+    return ctx.plan(best, "early")

@@ -1,0 +1,32 @@
+"""vDNN's static policies (papers/vdnn.txt): offload the input feature maps of layers.
+
+vDNN offloads a layer's input during its forward and waits for the copy at the end of the
+layer, prefetches one layer ahead in backward within a window that ends at the previous
+convolution, and does not look at memory: if the maps it keeps do not fit, the plan is
+infeasible. ``which`` picks the layers: all of them, or convolutions only.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from pooch_ext.plan import Plan
+from pooch_ext.policies.common import Context
+from pooch_ext.simmodel import KEEP, SWAP, is_conv
+
+TIMING = "vdnn"
+
+
+def classify_vdnn(profile, budget, link, name: str, conv_only: bool) -> Plan:
+    ctx = Context(profile, budget, link, name)
+    model = ctx.model
+    consumers = dict(zip(profile.tensors["tensor"], profile.tensors["fwd_consumers"]))
+    codes = np.full(model.m, KEEP)
+    for i, t in enumerate(model.tensor):
+        readers = consumers[int(t)]
+        offload = any(is_conv(model.names[k]) for k in readers) if conv_only else bool(readers)
+        if offload and model.can[i, SWAP]:
+            codes[i] = SWAP
+    plan = ctx.plan(codes, TIMING)
+    if not plan.feasible:
+        plan.reason = f"{name} keeps too much for the budget: {plan.reason}"
+    return plan
