@@ -215,7 +215,7 @@ class ProfileBuilder:
                     add(j, "free", self._bytes(t), category="gradient")
             add(j, "free", op.saved_bytes, category="other")
             for t in op.retained:
-                if kinds[t] == "feature_map" and bwd_consumers[t][-1] == j:
+                if kinds[t] == "feature_map" and max(bwd_consumers[t]) == j:
                     add(j, "free", self._bytes(t), t)
         for t in held_to_end:
             add(last_op, "free", self._bytes(t), t)
