@@ -1,15 +1,40 @@
-"""pooch-ext classify (being written)."""
+"""pooch-ext classify: classify every feature map of a profile with a policy."""
 from __future__ import annotations
 
 import argparse
 
-from pooch_ext.errors import PoochError
+from pooch_ext.commands._planning import add_common, emit, load, summary
+from pooch_ext.policies import POLICY_NAMES, get_policy
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser("classify", help="(not yet available)")
+    parser = sub.add_parser(
+        "classify", help="classify feature maps as keep / swap / recompute",
+        description="Run a policy on a profile, simulate its plan under the budget, print the "
+                    "result and optionally write the classification table (CSV).")
+    add_common(parser)
+    parser.add_argument("--policy", default="pooch", help=f"one of: {', '.join(POLICY_NAMES)}")
+    parser.add_argument("--out", default=None, metavar="CSV",
+                        help="write the classification table here (pooch-ext simulate --plan reads it)")
+    parser.add_argument("--schedule", default=None, metavar="CSV",
+                        help="write the schedule of actions the executor replays")
+    parser.add_argument("--plot", default=None, metavar="PNG", help="write the timeline figure")
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    raise PoochError("'classify' is not implemented yet")
+    policy = get_policy(args.policy)
+    profile, budget = load(args)
+    plan = policy.classify(profile, budget, args.link)
+    lines = []
+    if args.out:
+        lines.append(f"table            {plan.to_csv(args.out)}")
+    if args.schedule:
+        plan.schedule.to_csv(args.schedule, index=False)
+        lines.append(f"schedule         {args.schedule}")
+    if args.plot:
+        from pooch_ext.timeline_plot import plot_timeline
+
+        lines.append(f"timeline         {plot_timeline(plan.timeline, args.plot)}")
+    emit(summary(profile, plan), args.json, [] if args.json else lines)
+    return 0 if plan.feasible else 1

@@ -1,15 +1,42 @@
-"""pooch-ext simulate (being written)."""
+"""pooch-ext simulate: predict time and memory of a saved classification."""
 from __future__ import annotations
 
 import argparse
+import time
 
-from pooch_ext.errors import PoochError
+from pooch_ext.commands._planning import add_common, emit, load, summary
+from pooch_ext.plan import Plan
+from pooch_ext.simulator import simulate
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser("simulate", help="(not yet available)")
+    parser = sub.add_parser(
+        "simulate", help="simulate a classification table on a profile",
+        description="Read a plan written by 'pooch-ext classify --out', simulate it on the "
+                    "profile under the link and budget, print the prediction.")
+    add_common(parser)
+    parser.add_argument("--plan", required=True, metavar="CSV", help="classification table")
+    parser.add_argument("--plot", default=None, metavar="PNG", help="write the timeline figure")
+    parser.add_argument("--schedule", default=None, metavar="CSV",
+                        help="write the schedule of actions the executor replays")
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    raise PoochError("'simulate' is not implemented yet")
+    profile, budget = load(args)
+    plan = Plan.read_csv(args.plan)
+    started = time.perf_counter()
+    simulate(profile, plan, args.link, budget)
+    info = summary(profile, plan)
+    info["classify_seconds"] = 0.0
+    info["simulate_seconds"] = time.perf_counter() - started
+    lines = []
+    if args.schedule:
+        plan.schedule.to_csv(args.schedule, index=False)
+        lines.append(f"schedule         {args.schedule}")
+    if args.plot:
+        from pooch_ext.timeline_plot import plot_timeline
+
+        lines.append(f"timeline         {plot_timeline(plan.timeline, args.plot)}")
+    emit(info, args.json, [] if args.json else lines)
+    return 0 if plan.feasible else 1

@@ -1,0 +1,74 @@
+"""What ``classify`` and ``simulate`` share: arguments, budget checks, the plan summary."""
+from __future__ import annotations
+
+import argparse
+import json
+
+from pooch_ext.errors import BudgetTooSmallError
+from pooch_ext.links import PRESETS
+from pooch_ext.plan import Plan
+from pooch_ext.profile import Profile
+from pooch_ext.simulator import minimum_budget
+from pooch_ext.units import format_bytes, parse_bytes
+
+
+def add_common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("profile_dir", metavar="PROFILE_DIR", help="a folder written by 'pooch-ext profile'")
+    parser.add_argument("--link", default=None,
+                        help=f"host link preset: {', '.join(PRESETS)} (default: the profile's own "
+                             "swap times)")
+    parser.add_argument("--budget", default=None,
+                        help="device memory budget, e.g. 16GiB, 500MB, 1e9 (default: the "
+                             "profile's device capacity)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def load(args: argparse.Namespace) -> tuple[Profile, int]:
+    """The profile and the budget in bytes; a budget below the minimum raises with it."""
+    profile = Profile.load(args.profile_dir)
+    budget = (int(profile.device.capacity_bytes) if args.budget is None
+              else parse_bytes(args.budget))
+    minimum = minimum_budget(profile)
+    if budget < minimum:
+        raise BudgetTooSmallError(budget, minimum)
+    return profile, budget
+
+
+def summary(profile: Profile, plan: Plan) -> dict:
+    """The JSON object both commands print (at least the fields the issue names)."""
+    return {
+        "policy": plan.policy,
+        "link": plan.link,
+        "budget_bytes": int(plan.budget_bytes),
+        "feasible": bool(plan.feasible),
+        "reason": plan.reason,
+        "iteration_time_s": float(plan.iteration_time_s),
+        "incore_time_s": float(profile.ops.duration_s.sum()),
+        "peak_bytes": int(plan.peak_bytes),
+        "minimum_budget_bytes": int(minimum_budget(profile)),
+        "incore_peak_bytes": int(profile.incore_peak_bytes),
+        "counts": plan.counts,
+        "swap_in_timing": plan.swap_in_timing,
+        "stall_s": float(plan.timeline.total_stall_s) if plan.timeline is not None else 0.0,
+        "classify_seconds": float(plan.classify_seconds),
+    }
+
+
+def emit(info: dict, as_json: bool, extra_lines: list[str] = ()) -> None:
+    if as_json:
+        print(json.dumps(info, sort_keys=True))
+        return
+    counts = info["counts"]
+    print(f"policy           {info['policy']}  (swap-in {info['swap_in_timing']})")
+    print(f"link / budget    {info['link']} / {format_bytes(info['budget_bytes'])} "
+          f"(minimum {format_bytes(info['minimum_budget_bytes'])}, in-core peak "
+          f"{format_bytes(info['incore_peak_bytes'])})")
+    print(f"feasible         {'yes' if info['feasible'] else 'NO: ' + info['reason']}")
+    print(f"iteration        {info['iteration_time_s'] * 1e3:.2f} ms  (in-core "
+          f"{info['incore_time_s'] * 1e3:.2f} ms, stalls {info['stall_s'] * 1e3:.2f} ms)")
+    print(f"peak memory      {format_bytes(info['peak_bytes'])} ({info['peak_bytes']} bytes)")
+    print(f"feature maps     keep {counts['keep']}, swap {counts['swap']}, "
+          f"recompute {counts['recompute']}")
+    print(f"classified in    {info['classify_seconds']:.2f} s")
+    for line in extra_lines:
+        print(line)
