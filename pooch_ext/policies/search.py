@@ -206,6 +206,8 @@ def refine(model: SimModel, codes: np.ndarray, budget: int, max_simulations: int
     ev = _Evaluator(model, budget, stats)
     best_time = ev.time(codes)
     budget_left = max_simulations
+    if best_time <= model.dur.sum() * (1 + 1e-12):   # already at the in-core time
+        return codes, stats
 
     def moves(codes: np.ndarray):
         for i in np.argsort(-model.tensor):
@@ -261,3 +263,25 @@ def _refill(model: SimModel, codes: np.ndarray, budget: int, exclude: set[int]) 
             top = room.keep(top, i)
             codes[i] = KEEP
     return codes
+
+
+def fill_keeps(model: SimModel, codes: np.ndarray, budget: int,
+               stats: SearchStats | None = None) -> tuple[np.ndarray, SearchStats]:
+    """Spend memory the plan leaves free: switch maps to keep, output side first, wherever it
+    fits and the predicted iteration is no slower (fewer transfers and rebuilds to go wrong
+    when the real link or ops are slower than profiled)."""
+    started = time.perf_counter()
+    stats = stats or SearchStats()
+    ev = _Evaluator(model, budget, stats)
+    current = ev.time(codes)
+    for i in np.argsort(-model.tensor):
+        if codes[i] == KEEP or not model.can[i, KEEP]:
+            continue
+        trial = codes.copy()
+        trial[i] = KEEP
+        if fits(model, trial, budget):
+            t = ev.time(trial)
+            if t <= current * (1 + 1e-12):
+                codes, current = trial, t
+    stats.seconds += time.perf_counter() - started
+    return codes, stats
