@@ -35,6 +35,7 @@ import pandas as pd
 from pooch_ext.links import Link
 from pooch_ext.plan import Plan
 from pooch_ext.profile import Profile
+from pooch_ext.units import parse_bytes
 from pooch_ext.simmodel import (KEEP, RECOMPUTE, SWAP, SimModel, codes_of, compile_profile,
                                 lifetimes, static_top)
 
@@ -88,16 +89,16 @@ class Timeline:
 # ------------------------------------------------------------------ public API
 
 def simulate(profile: Profile, plan: Plan, link: Link | str | None = None,
-             budget: int | None = None) -> Timeline:
+             budget: int | str | None = None) -> Timeline:
     """Simulate ``plan`` on ``profile``: fills plan.schedule (and time, peak, table); the Timeline.
 
     ``link`` None uses the profile's own swap times, a Link or preset name times from bytes;
-    ``budget`` None is the device capacity.
+    ``budget`` (bytes, or a string such as "16GiB") None is the device capacity.
     """
     from pooch_ext.classtable import plan_table
 
     model = compile_profile(profile, link)
-    budget_bytes = int(profile.device.capacity_bytes if budget is None else budget)
+    budget_bytes = int(profile.device.capacity_bytes if budget is None else parse_bytes(budget))
     codes = codes_of(model, plan.classes)
     result = run(model, codes, plan.swap_in_timing, budget_bytes, record=True)
     timeline = _timeline(model, result, budget_bytes, plan.swap_in_timing)
@@ -291,7 +292,6 @@ def run(model: SimModel, codes: np.ndarray, timing: str = "early", budget: float
         # swap-ins
         sync_now: list[int] = []
         if b >= n_fwd and b < n:
-            issued_here = 0
             window_end = n
             if vdnn:
                 pos = np.searchsorted(conv_bwd, b + 1)
@@ -302,7 +302,7 @@ def run(model: SimModel, codes: np.ndarray, timing: str = "early", budget: float
                 if not forced:
                     if target[i] > b:
                         break
-                    if vdnn and (issued_here or first[i] > window_end):
+                    if vdnn and first[i] > window_end:   # one prefetch per op, in the window
                         break
                 if not released[i]:
                     if not forced:
@@ -318,7 +318,6 @@ def run(model: SimModel, codes: np.ndarray, timing: str = "early", budget: float
                                     f"({model.names[b]}) does not fit the budget {int(budget)}")
                 swap_in(i, b)
                 qpos += 1
-                issued_here += 1
                 if vdnn and not forced:
                     sync_now.append(i)
                     break

@@ -134,3 +134,24 @@ def test_validate_schedule_catches_a_use_after_release(toy_profile):
     assert any("not yet waited" in p for p in validate_schedule(toy_profile, broken))
     no_free = plan.schedule[plan.schedule.action != "free"]
     assert any("never freed" in p for p in validate_schedule(toy_profile, no_free))
+
+
+def test_previous_conv_starts_each_swap_in_with_the_preceding_convolution(toy_profile):
+    # backward convolutions run at ops 17, 18, 21; map 2 is first needed by op 20 (BN)
+    plan, _ = run(toy_profile, {int(t): "swap" for t in toy_profile.feature_maps.tensor},
+                  "previous-conv")
+    assert [b for b, a in actions(plan, 2) if a == "swap_in"] == [18]
+    # map 4 is first needed by op 17: no convolution runs before it in backward
+    assert [b for b, a in actions(plan, 4) if a == "swap_in"] == [11]
+
+
+def test_vdnn_prefetches_one_map_per_op_and_synchronizes_at_the_next(toy_profile):
+    plan, _ = run(toy_profile, {int(t): "swap" for t in toy_profile.feature_maps.tensor}, "vdnn")
+    sched = plan.schedule
+    prefetch = sched[sched.action == "swap_in"]
+    assert prefetch.groupby("boundary").size().max() <= 2   # an on-demand fetch + one prefetch
+    # map 2 (needed at op 20) enters the window only at op 18 (next convolution: 21)
+    assert [b for b, a in actions(plan, 2) if a == "swap_in"] == [18]
+    assert (19, "wait") in actions(plan, 2) and (20, "wait") in actions(plan, 2)
+    # map 4 is prefetched at op 12 and waited for right after, at op 13
+    assert [b for b, a in actions(plan, 4) if a in ("swap_in", "wait")][:2] == [12, 13]
