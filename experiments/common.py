@@ -1,0 +1,156 @@
+"""What the experiment scripts share: the paper's setup, one policy run as a table row, I/O.
+
+Every experiment classifies analytic profiles (``pooch_ext.analytic``) with the policies and
+reports the simulator's prediction, one row per (problem, link, policy). The paper ran Chainer
++ cuDNN on a 16 GB V100, so its reproduction uses ``gpu="v100-16gb", conv="cudnn"``; the budget
+is the device capacity unless a script is told otherwise. "pooch-paper" is PoocH's two steps
+alone (``refine=False``); "pooch" adds our local refinement (policies/pooch.py).
+
+Scripts run as ``python experiments/<name>.py`` (this folder is then on sys.path) and import
+this module as ``common``; each has ``main(argv) -> int`` so run_all and the tests call them
+in-process.
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import math
+from pathlib import Path
+from typing import Iterable
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from pooch_ext.analytic import analytic_profile  # noqa: E402
+from pooch_ext.errors import BudgetTooSmallError  # noqa: E402
+from pooch_ext.links import get_link  # noqa: E402
+from pooch_ext.plan import Plan  # noqa: E402
+from pooch_ext.policies import get_policy  # noqa: E402
+from pooch_ext.profile import Profile  # noqa: E402
+from pooch_ext.simulator import minimum_budget  # noqa: E402
+from pooch_ext.units import parse_bytes  # noqa: E402
+from resnet50_memory import markdown  # noqa: E402,F401  (re-exported: one pipe-table writer)
+
+RESULTS = Path(__file__).resolve().parents[1] / "results"
+PAPER_GPU, PAPER_CONV = "v100-16gb", "cudnn"
+PAPER_LINKS = ("pcie3", "nvlink2")
+MACHINE = {"pcie3": "x86, PCIe gen3", "nvlink2": "POWER9, NVLink 2.0", "pcie4": "PCIe gen4",
+           "pcie5": "PCIe gen5", "c2c": "NVLink-C2C"}
+# one look per policy across every figure
+STYLE = {"in-core": ("black", "o"), "superneurons": ("tab:orange", "s"),
+         "pooch": ("tab:blue", "D"), "pooch-paper": ("tab:cyan", "v"),
+         "swap-all-nosched": ("tab:gray", "x"), "swap-all": ("tab:olive", "^"),
+         "swap-opt": ("tab:green", "P"), "cross": ("tab:red", "*")}
+CLASS_COLORS = {"keep": "#4c72b0", "swap": "#dd8452", "recompute": "#55a868"}
+ROW_COLUMNS = ("model", "batch", "input_size", "gpu", "conv", "link", "budget_bytes",
+               "incore_peak_bytes", "minimum_bytes", "policy", "feasible", "iteration_time_s",
+               "samples_per_s", "incore_unlimited_samples_per_s", "peak_bytes", "keep", "swap", "recompute", "classify_seconds",
+               "reason")
+
+
+@functools.lru_cache(maxsize=128)
+def profile(model: str, batch: int, input_size: str | None = None, gpu: str = PAPER_GPU,
+            conv: str = PAPER_CONV) -> Profile:
+    """The analytic profile (cached: several experiments share problems)."""
+    return analytic_profile(model, int(batch), input_size, gpu=gpu, conv=conv)
+
+
+def budget_bytes(p: Profile, budget: str | int | None) -> int:
+    """``budget`` in bytes; None means the device capacity."""
+    return int(p.device.capacity_bytes if budget is None else parse_bytes(budget))
+
+
+def classify(p: Profile, policy: str, link: str, budget: str | int | None = None) -> Plan:
+    """The simulated plan of ``policy`` ("pooch-paper": PoocH without our refinement).
+
+    A budget below the minimum any plan reaches gives an infeasible empty plan, not an error:
+    sweeps record it as a failure point."""
+    name = "pooch" if policy == "pooch-paper" else policy
+    extra = {"refine": False} if policy == "pooch-paper" else {}
+    try:
+        plan = get_policy(name).classify(p, budget_bytes(p, budget), get_link(link), **extra)
+    except BudgetTooSmallError as error:
+        return Plan(policy, {}, feasible=False, reason=str(error))
+    plan.policy = policy
+    return plan
+
+
+def row(p: Profile, plan: Plan, link: str, budget: str | int | None = None, **extra) -> dict:
+    """One CSV row: the problem, the plan's prediction and its class counts."""
+    batch = int(p.meta.get("batch", 1))
+    size = p.meta.get("input_size")
+    t = plan.iteration_time_s
+    out = {"model": p.meta.get("model", ""), "batch": batch,
+           "input_size": "x".join(map(str, size)) if size else "", "gpu": p.device.name,
+           "conv": p.meta.get("conv", ""), "link": link, "budget_bytes": budget_bytes(p, budget),
+           "incore_peak_bytes": p.incore_peak_bytes, "minimum_bytes": minimum_budget(p),
+           "policy": plan.policy, "feasible": bool(plan.feasible), "iteration_time_s": t,
+           "samples_per_s": batch / t if t and math.isfinite(t) else math.nan,
+           "incore_unlimited_samples_per_s": batch / incore_time_s(p),
+           "peak_bytes": plan.peak_bytes, **plan.counts,
+           "classify_seconds": plan.classify_seconds, "reason": plan.reason}
+    out.update(extra)
+    return out
+
+
+def run(p: Profile, policy: str, link: str, budget: str | int | None = None,
+        **extra) -> tuple[Plan, dict]:
+    """Classify and simulate; the plan and its row."""
+    plan = classify(p, policy, link, budget)
+    return plan, row(p, plan, link, budget, **extra)
+
+
+def incore_time_s(p: Profile) -> float:
+    """In-core iteration time without a memory limit: every op back to back (no transfers)."""
+    return float(p.ops["duration_s"].sum())
+
+
+def parser(doc: str, out: Path) -> argparse.ArgumentParser:
+    """The options every experiment takes: where to write and the memory budget."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out-dir", type=Path, default=out, help=f"output folder (default {out})")
+    ap.add_argument("--budget", default=None,
+                    help="device memory budget, e.g. 16GB (default: the GPU's capacity)")
+    return ap
+
+
+def ints(text: str) -> list[int]:
+    """'64,128,256' or '64:641:64' (start:stop:step) -> list of ints."""
+    try:
+        if ":" in text:
+            start, stop, step = (int(v) for v in text.split(":"))
+            values = list(range(start, stop, step))
+        else:
+            values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a list of integers: {text!r} "
+                                         "(e.g. 64,128 or 64:641:64)") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"need positive integers: {text!r}")
+    return values
+
+
+def write_csv(frame: pd.DataFrame, path: Path) -> Path:
+    """Write a non-empty table (an empty one means the experiment did nothing: an error)."""
+    if frame.empty:
+        raise ValueError(f"{path.name}: no rows to write")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    frame.to_csv(path, index=False)
+    return path
+
+
+def save(fig: plt.Figure, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def report(paths: Iterable[Path]) -> None:
+    for path in paths:
+        print(f"wrote {path}")
