@@ -200,9 +200,7 @@ class PoocH:
         classify = get_policy(policy).classify if isinstance(policy, str) else policy
         plan = classify(profile, self.budget_bytes, None)
         if not plan.feasible:
-            need = max(int(plan.peak_bytes), minimum_budget(profile))
-            raise BudgetTooSmallError(self.budget_bytes, need, f"policy {plan.policy} "
-                                      f"({plan.reason})")
+            raise PolicyDoesNotFitError(self.budget_bytes, plan, minimum_budget(profile))
         return plan
 
     # ------------------------------------------------------------ results
@@ -248,6 +246,18 @@ class PoocH:
     def extension(self) -> Any:
         """A Trainer extension reporting pooch/* entries every iteration (for PrintReport)."""
         return PoocHReport(self)
+
+
+class PolicyDoesNotFitError(BudgetTooSmallError):
+    """The chosen policy has no plan within the budget, though another policy may have one;
+    ``minimum_bytes`` is what this policy's plan needs."""
+
+    def __init__(self, budget: int, plan: Plan, floor: int) -> None:
+        need = max(int(plan.peak_bytes), floor)
+        super().__init__(budget, need, plan.policy)
+        self.args = (f"policy {plan.policy} cannot fit the budget {format_bytes(budget)}: "
+                     f"{plan.reason}; its plan needs {format_bytes(need)} ({need} bytes), the "
+                     f"smallest budget any plan reaches is {format_bytes(floor)}",)
 
 
 class PoocHReport(chainer.training.Extension):

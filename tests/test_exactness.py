@@ -94,15 +94,27 @@ def _check_exact(plain, policy, budget):
     return result.pooch
 
 
-@pytest.mark.parametrize("policy", ["in-core", "swap-all", "swap-all-nosched"])
+POLICIES = ["in-core", "swap-all", "swap-all-nosched", "swap-opt", "pooch", "superneurons",
+            "sqrt-n", "vdnn-all", "vdnn-conv"]
+SEEN: dict[str, dict] = {}
+
+
+@pytest.mark.parametrize("policy", POLICIES)
 def test_policies_train_bit_identically(plain, measured, policy):
-    budget = None if policy == "in-core" else _tight(measured)
+    # SuperNeurons and vDNN-conv keep too much to fit as low as the others (as in the paper)
+    loose = policy in ("superneurons", "vdnn-conv")
+    budget = None if policy == "in-core" else _tight(measured, 0.75 if loose else 0.25)
     pooch = _check_exact(plain, policy, budget)
-    counts = pooch.plan.counts
+    counts = SEEN[policy] = pooch.plan.counts
     if policy == "in-core":
         assert counts["swap"] == counts["recompute"] == 0
     else:
-        assert counts["swap"] > 0
+        assert counts["keep"] < sum(counts.values())
+
+
+def test_the_policies_above_planned_swaps_and_recomputations():
+    assert set(SEEN) == set(POLICIES), "run with the policy tests"
+    assert any(c["swap"] for c in SEEN.values()) and any(c["recompute"] for c in SEEN.values())
 
 
 @pytest.mark.parametrize("name", sorted(FORCED))
