@@ -79,7 +79,10 @@ def classify(p: Profile, policy: str, link: str, budget: str | int | None = None
 
 
 def row(p: Profile, plan: Plan, link: str, budget: str | int | None = None, **extra) -> dict:
-    """One CSV row: the problem, the plan's prediction and its class counts."""
+    """One CSV row: the problem, the plan's prediction and its class counts.
+
+    ``iteration_time_s`` is what the simulator predicts even for a plan that does not fit (for
+    in-core: the time without a memory limit); ``samples_per_s`` is only given where it fits."""
     batch = int(p.meta.get("batch", 1))
     size = p.meta.get("input_size")
     t = plan.iteration_time_s
@@ -88,7 +91,7 @@ def row(p: Profile, plan: Plan, link: str, budget: str | int | None = None, **ex
            "conv": p.meta.get("conv", ""), "link": link, "budget_bytes": budget_bytes(p, budget),
            "incore_peak_bytes": p.incore_peak_bytes, "minimum_bytes": minimum_budget(p),
            "policy": plan.policy, "feasible": bool(plan.feasible), "iteration_time_s": t,
-           "samples_per_s": batch / t if t and math.isfinite(t) else math.nan,
+           "samples_per_s": batch / t if plan.feasible and t and math.isfinite(t) else math.nan,
            "incore_unlimited_samples_per_s": batch / incore_time_s(p),
            "peak_bytes": plan.peak_bytes, **plan.counts,
            "classify_seconds": plan.classify_seconds, "reason": plan.reason}
@@ -141,6 +144,34 @@ def write_csv(frame: pd.DataFrame, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     frame.to_csv(path, index=False)
     return path
+
+
+def plot_line(ax, sel: pd.DataFrame, style: str, label: str, x: str = "batch",
+              y: str = "samples_per_s", **kw) -> None:
+    """A policy's feasible runs as a line; its failures as x on the x axis."""
+    color, marker = STYLE[style]
+    ok = sel[sel.feasible]
+    ax.plot(ok[x], ok[y], marker=marker, color=color, label=label, **kw)
+    bad = sel[~sel.feasible]
+    if len(bad):
+        ax.plot(bad[x], [0] * len(bad), "x", color=color, ms=10, mew=2, clip_on=False,
+                transform=ax.get_xaxis_transform(), label=f"{label}: fails")
+
+
+def plot_methods(ax, sel: pd.DataFrame, x: str = "batch", y: str = "samples_per_s",
+                 y_unlimited: str = "incore_unlimited_samples_per_s") -> None:
+    """In-core (filled where it fits, hollow at its no-memory-limit speed where it does not),
+    superneurons, PoocH's paper steps and PoocH, from the rows of one problem series."""
+    color, marker = STYLE["in-core"]
+    incore = sel[sel.policy == "in-core"]
+    fit, over = incore[incore.feasible], incore[~incore.feasible]
+    ax.plot(fit[x], fit[y], marker=marker, color=color, label="in-core")
+    ax.plot(over[x], over[y_unlimited], ls=":", marker=marker, mfc="none", color=color,
+            label="in-core fails; time without memory limit")
+    plot_line(ax, sel[sel.policy == "superneurons"], "superneurons", "superneurons", x, y)
+    plot_line(ax, sel[sel.policy == "pooch-paper"], "pooch-paper", "PoocH (paper's steps)", x, y,
+              lw=1, ls="--")
+    plot_line(ax, sel[sel.policy == "pooch"], "pooch", "PoocH (+ refinement)", x, y)
 
 
 def save(fig: plt.Figure, path: Path) -> Path:

@@ -118,16 +118,6 @@ def summary(table: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
-def _line(ax, sel: pd.DataFrame, name: str, label: str, **kw) -> None:
-    color, marker = common.STYLE[name]
-    ok = sel[sel.feasible]
-    ax.plot(ok.batch, ok.samples_per_s, marker=marker, color=color, label=label, **kw)
-    bad = sel[~sel.feasible]
-    if len(bad):
-        ax.plot(bad.batch, np.zeros(len(bad)), "x", color=color, ms=10, mew=2, clip_on=False,
-                transform=ax.get_xaxis_transform(), label=f"{label}: fails")
-
-
 def plot(table: pd.DataFrame, model: str, path) -> None:
     links = list(dict.fromkeys(table.link))
     fig, axes = plt.subplots(1, len(links), figsize=(5.6 * len(links), 4.4), sharey=True,
@@ -135,20 +125,10 @@ def plot(table: pd.DataFrame, model: str, path) -> None:
     data = table[table.model == model]
     for ax, link in zip(axes[0], links):
         sel = data[data.link == link]
-        incore = sel[sel.policy == "in-core"]
-        color, marker = common.STYLE["in-core"]
-        fit = incore[incore.feasible]
-        ax.plot(fit.batch, fit.samples_per_s, marker=marker, color=color, label="in-core")
-        over = incore[~incore.feasible]
-        ax.plot(over.batch, over.incore_unlimited_samples_per_s, ls=":", marker=marker, mfc="none", color=color,
-                label="in-core fails; time without memory limit")
-        _line(ax, sel[sel.policy == "superneurons"], "superneurons", "superneurons")
-        _line(ax, sel[sel.policy == "pooch-paper"], "pooch-paper", "PoocH (paper's steps)",
-              lw=1, ls="--")
-        _line(ax, sel[sel.policy == "pooch"], "pooch", "PoocH (+ refinement)")
+        common.plot_methods(ax, sel)
         cross = sel[sel.policy == "pooch-nvlink2-schedule"]
         if len(cross):
-            _line(ax, cross, "cross", "PoocH, nvlink2 plan replayed", lw=1)
+            common.plot_line(ax, cross, "cross", "PoocH, nvlink2 plan replayed", lw=1)
         if model in PAPER_INCORE:
             ax.axhline(PAPER_INCORE[model], color="gray", lw=0.8, ls="-.",
                        label=f"paper: in-core {PAPER_INCORE[model]:.0f} img/s")
