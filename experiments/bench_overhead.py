@@ -4,12 +4,13 @@ Targets (issue 4): an iteration under PoocH with a plan of all keep costs at mos
 plain Chainer; a profiling iteration (every feature map swapped, everything timed) at most 3x.
 
 Two copies of the same model train on the same batches, interleaved iteration by iteration
-(which goes first alternates), so the machine's load drifts over both alike: plain Chainer
-(PoocH's hooks taken out of Chainer's hook tables for that step) and the copy under
-``PoocH(policy="in-core")``. The
-first profiled and the first planned iteration are warm-ups (graph discovery, classification)
-and reported apart. Medians of per-iteration times are compared, wall clock and process CPU
-time; the CSV keeps every sample. BLAS runs single-threaded unless ``--threads`` says more.
+(``hooks.training.train_side_by_side``: who goes first alternates), so the machine's load
+drifts over both alike: plain Chainer (PoocH's hooks out of Chainer's hook tables for that
+step) and the copy under ``PoocH(policy="in-core")``. The first profiled and the first planned
+iteration are warm-ups (graph discovery, classification), reported apart. Medians of
+per-iteration wall and process CPU times are compared; the CSV keeps every sample. BLAS runs
+single-threaded unless ``--threads`` says more (multi-threaded BLAS on a shared machine makes
+wall times meaningless).
 
     python experiments/bench_overhead.py [--model small-resnet] [--batch 16] [--iters 40]
 """
@@ -18,8 +19,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
-from contextlib import contextmanager
 from pathlib import Path
 
 OUT = Path(__file__).resolve().parents[1] / "results" / "overhead"
@@ -44,72 +43,37 @@ def main(argv: list[str] | None = None) -> int:
     import numpy as np
     import pandas as pd
 
-    import pooch_ext  # noqa: F401
-    import chainer
-    import chainer.functions as F
+    from pooch_ext.hooks.training import synthetic_batches, train_side_by_side
+    from pooch_ext.measure import setup_model
+    from pooch_ext.models import default_input_size, default_n_classes
 
-    from pooch_ext.hooks.training import make_optimizer, synthetic_batches
-    from pooch_ext.models import default_input_size, default_n_classes, get_model
-    from pooch_ext.pooch import PoocH
-
-    xp, sync = np, (lambda: None)
+    xp, sync = np, None
     if args.gpu:
         import cupy
         xp, sync = cupy, cupy.cuda.get_current_stream().synchronize
-
-    def setup():
-        np.random.seed(0)
-        model = get_model(args.model)
-        if args.gpu:
-            model.to_gpu()
-        return model, make_optimizer(model)
-
-    def step(model, optimizer, x, t):
-        wall, cpu = time.perf_counter(), time.process_time()
-        loss = F.softmax_cross_entropy(model(x), t)
-        model.cleargrads()
-        loss.backward()
-        optimizer.update()
-        del loss
-        sync()
-        return time.perf_counter() - wall, time.process_time() - cpu
-
-    @contextmanager
-    def plain_chainer(runtime):
-        """PoocH's function and link hooks out of Chainer's tables for one step."""
-        functions, links = chainer.get_function_hooks(), chainer._get_link_hooks()
-        saved = functions.pop(runtime.name), links.pop(runtime._link_names.name)
-        try:
-            yield
-        finally:
-            functions[runtime.name], links[runtime._link_names.name] = saved
-
     shape, classes = default_input_size(args.model), default_n_classes(args.model)
-    total = args.profile_iters + args.iters
-    batches = synthetic_batches(total, args.batch, shape, classes, xp=xp)
-    plain_model, plain_opt = setup()
-    pooch_model, pooch_opt = setup()
+    batches = synthetic_batches(args.profile_iters + args.iters, args.batch, shape, classes, xp=xp)
+    plain, under = train_side_by_side(
+        setup_model(args.model, args.gpu), setup_model(args.model, args.gpu), batches,
+        {"profile_iters": args.profile_iters, "policy": "in-core", "verbose": False}, sync=sync)
+    if under.error is not None:
+        raise under.error
+    assert under.pooch.plan.counts["swap"] == under.pooch.plan.counts["recompute"] == 0
+
     rows = []
-    with PoocH(pooch_model, profile_iters=args.profile_iters, policy="in-core",
-               verbose=False) as pooch:
-        for i, (x, t) in enumerate(batches):
-            phase = "profiling" if i < args.profile_iters else "all-keep plan"
-            if i in (0, args.profile_iters):
-                phase += " (first)"
-            for turn in ((0, 1) if i % 2 else (1, 0)):     # who goes first alternates
-                if turn == 0:
-                    with plain_chainer(pooch.runtime):
-                        wall, cpu = step(plain_model, plain_opt, x, t)
-                    rows.append(dict(iteration=i, phase="plain", wall_s=wall, cpu_s=cpu))
-                else:
-                    wall, cpu = step(pooch_model, pooch_opt, x, t)
-                    rows.append(dict(iteration=i, phase=phase, wall_s=wall, cpu_s=cpu))
-    assert pooch.plan.counts["swap"] == pooch.plan.counts["recompute"] == 0
+    for i in range(len(batches)):
+        phase = "profiling" if i < args.profile_iters else "all-keep plan"
+        if i in (0, args.profile_iters):
+            phase += " (first)"
+        rows.append(dict(iteration=i, phase="plain", wall_s=plain.seconds[i],
+                         cpu_s=plain.cpu_seconds[i]))
+        rows.append(dict(iteration=i, phase=phase, wall_s=under.seconds[i],
+                         cpu_s=under.cpu_seconds[i]))
     frame = pd.DataFrame(rows)
     args.out.mkdir(parents=True, exist_ok=True)
     frame.to_csv(args.out / "overhead.csv", index=False)
 
-    plain = frame[(frame.phase == "plain") & (frame.iteration > 0)]
+    base = frame[(frame.phase == "plain") & (frame.iteration > 0)]
     print(f"{args.model}, batch {args.batch}, "
           f"{'GPU' if args.gpu else 'CPU, host-simulated device, BLAS threads ' + args.threads}; "
           f"{args.iters} planned iterations interleaved with plain ones")
@@ -117,11 +81,15 @@ def main(argv: list[str] | None = None) -> int:
     ratios = {}
     for phase in ["plain", "all-keep plan", "profiling", "profiling (first)",
                   "all-keep plan (first)"]:
-        part = plain if phase == "plain" else frame[frame.phase == phase]
+        part = base if phase == "plain" else frame[frame.phase == phase]
         wall, cpu = part.wall_s.median(), part.cpu_s.median()
-        ratios[phase] = wall / plain.wall_s.median()
+        ratios[phase] = wall / base.wall_s.median()
         print(f"{phase:<24}{len(part):>4}{wall * 1e3:>10.2f}{ratios[phase]:>9.3f}"
-              f"{cpu * 1e3:>10.2f}{cpu / plain.cpu_s.median():>9.3f}")
+              f"{cpu * 1e3:>10.2f}{cpu / base.cpu_s.median():>9.3f}")
+    first = frame[frame.iteration == 0].set_index("phase").wall_s
+    print(f"first iteration (both cold): plain {first['plain'] * 1e3:.1f} ms, profiled "
+          f"{first['profiling (first)'] * 1e3:.1f} ms "
+          f"({first['profiling (first)'] / first['plain']:.2f}x)")
     print(f"\nall-keep plan: {100 * (ratios['all-keep plan'] - 1):+.1f}% per iteration "
           f"(target <= +5%); profiling iteration: {ratios['profiling']:.2f}x plain "
           f"(target <= 3x)\nsamples: {args.out / 'overhead.csv'}")

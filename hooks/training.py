@@ -8,6 +8,7 @@ state and optimizer state (``model_state`` / ``states_equal``) and identical los
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
@@ -70,35 +71,40 @@ def make_optimizer(model: chainer.Link, name: str = "momentum") -> chainer.Optim
 @dataclass
 class TrainResult:
     losses: list[float] = field(default_factory=list)
-    seconds: list[float] = field(default_factory=list)   # wall time of each iteration
+    seconds: list[float] = field(default_factory=list)       # wall time of each iteration
+    cpu_seconds: list[float] = field(default_factory=list)   # process CPU time of each
     pooch: Any = None
     error: BaseException | None = None
+
+    def step(self, model: chainer.Link, optimizer: chainer.Optimizer, x: Any, t: Any,
+             sync: Any = None) -> None:
+        """One iteration (forward, softmax cross entropy, backward, update), timed."""
+        wall, cpu = time.perf_counter(), time.process_time()
+        loss = F.softmax_cross_entropy(model(x), t)
+        model.cleargrads()
+        loss.backward()
+        optimizer.update()
+        self.losses.append(float(loss.array))
+        del loss
+        if sync is not None:
+            sync()
+        self.seconds.append(time.perf_counter() - wall)
+        self.cpu_seconds.append(time.process_time() - cpu)
 
 
 def train(model: chainer.Link, optimizer: chainer.Optimizer, batches: Iterable,
           pooch: dict | None = None, progress: Any = None, sync: Any = None) -> TrainResult:
-    """One iteration per batch: forward, softmax cross entropy, backward, update.
-
-    ``pooch``: keyword arguments of ``PoocH`` (None: plain Chainer). An exception from inside
-    the loop (BudgetTooSmallError, say) is kept in ``result.error`` with the losses so far.
-    ``progress``: a tqdm bar to advance; ``sync()`` runs before each clock read (GPU).
-    """
+    """One iteration per batch, plainly or (``pooch``: keyword arguments of ``PoocH``) under
+    PoocH. An exception from inside the loop (BudgetTooSmallError, say) is kept in
+    ``result.error`` with the losses so far. ``progress``: a tqdm bar to advance; ``sync()``
+    runs before each clock read (GPU)."""
     from pooch_ext.pooch import PoocH
 
     result = TrainResult()
 
     def loop() -> None:
         for x, t in batches:
-            start = time.perf_counter()
-            loss = F.softmax_cross_entropy(model(x), t)
-            model.cleargrads()
-            loss.backward()
-            optimizer.update()
-            result.losses.append(float(loss.array))
-            del loss
-            if sync is not None:
-                sync()
-            result.seconds.append(time.perf_counter() - start)
+            result.step(model, optimizer, x, t, sync)
             if progress is not None:
                 progress.update(1)
 
@@ -112,6 +118,71 @@ def train(model: chainer.Link, optimizer: chainer.Optimizer, batches: Iterable,
     except Exception as error:   # noqa: BLE001 - handed to the caller
         result.error = error
     return result
+
+
+@contextmanager
+def hooks_out(runtime: Any):
+    """PoocH's function and link hooks out of Chainer's hook tables for a while: what runs
+    meanwhile is plain Chainer, unobserved."""
+    functions, links = chainer.get_function_hooks(), chainer._get_link_hooks()
+    saved = functions.pop(runtime.name), links.pop(runtime._link_names.name)
+    try:
+        yield
+    finally:
+        functions[runtime.name], links[runtime._link_names.name] = saved
+
+
+class _RandomStreams:
+    """One random stream per model, both starting where the global one is now (NumPy; on the
+    GPU also CuPy's, from ``seed``), so interleaved models draw the same Dropout masks."""
+
+    def __init__(self, n: int, gpu: bool, seed: int) -> None:
+        self.numpy = [np.random.get_state() for _ in range(n)]
+        self.cupy = None
+        if gpu:
+            import cupy
+            self.cupy = [cupy.random.RandomState(seed) for _ in range(n)]
+
+    @contextmanager
+    def use(self, k: int):
+        np.random.set_state(self.numpy[k])
+        if self.cupy is not None:
+            import cupy
+            cupy.random.set_random_state(self.cupy[k])
+        try:
+            yield
+        finally:
+            self.numpy[k] = np.random.get_state()
+
+
+def train_side_by_side(plain: tuple, under: tuple, batches: list, pooch: dict,
+                       progress: Any = None, sync: Any = None,
+                       seed: int = 0) -> tuple[TrainResult, TrainResult]:
+    """Train ``plain`` = (model, optimizer) with plain Chainer and ``under`` under PoocH on the
+    same batches, alternating iteration by iteration (who goes first alternates too), so that
+    both see the same machine load: fair timings on a busy machine. Each model has its own
+    random stream, so with equal initial weights both runs stay bit-identical."""
+    from pooch_ext.pooch import PoocH
+
+    plain_result, pooch_result = TrainResult(), TrainResult()
+    gpu = bool(batches) and type(batches[0][0]).__module__.split(".")[0] == "cupy"
+    streams = _RandomStreams(2, gpu, seed)
+    try:
+        with PoocH(under[0], **pooch) as context:
+            pooch_result.pooch = context
+            for i, (x, t) in enumerate(batches):
+                for turn in ((0, 1) if i % 2 else (1, 0)):
+                    with streams.use(turn):
+                        if turn == 0:
+                            with hooks_out(context.runtime):
+                                plain_result.step(*plain, x, t, sync)
+                        else:
+                            pooch_result.step(*under, x, t, sync)
+                if progress is not None:
+                    progress.update(1)
+    except Exception as error:   # noqa: BLE001 - handed to the caller
+        pooch_result.error = error
+    return plain_result, pooch_result
 
 
 def model_state(model: chainer.Link, optimizer: chainer.Optimizer | None = None) -> dict:
