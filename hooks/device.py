@@ -443,12 +443,12 @@ def array_is_on_gpu(array: Any) -> bool:
 
 
 def device_for(model: Any, budget: int | None = None, link: Link | str | None = None):
-    """The device a model's parameters live on: CupyDevice for CuPy arrays, else host-sim."""
-    for param in model.params():
-        if param.array is not None:
-            if array_is_on_gpu(param.array):
-                device = CupyDevice(link)
-                device.budget = None if budget is None else int(budget)
-                return device
-            break
+    """The device a model lives on: CupyDevice on a GPU (``model.to_gpu()``), else host-sim."""
+    xp = getattr(getattr(model, "device", None), "xp", np)
+    on_gpu = getattr(xp, "__name__", "") == "cupy" or any(
+        array_is_on_gpu(p.array) for p in model.params() if p.array is not None)
+    if on_gpu:
+        device = CupyDevice(link)
+        device.budget = None if budget is None else int(budget)
+        return device
     return HostSimDevice(budget, "pcie3" if link is None else link)

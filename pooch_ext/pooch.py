@@ -12,9 +12,16 @@ profiled. Then the policy classifies on the measured profile, a log line says wh
 decided, and the following iterations replay the plan's schedule. If the graph changes (other
 shapes or ops), the plan is dropped for that iteration and PoocH profiles again.
 
-A budget that no plan can meet raises BudgetTooSmallError (with the minimum) at the start of
-the next iteration, before it changes anything: the model then holds exactly what the
-completed iterations, identical to plain Chainer's, made of it.
+The budget (None: the device's capacity) applies from the second profiled iteration on: the
+first one runs before anything is known, swapping on demand, and tells the smallest budget
+any plan can reach. A budget below it, or one the chosen policy cannot meet, raises
+BudgetTooSmallError (with the minimum) at the start of the next iteration, before that
+iteration changes anything: the model then holds exactly what the completed iterations,
+identical to plain Chainer's, made of it.
+
+Arrays of intermediate Variables the user's code still holds are dropped while a plan needs
+their memory (after their last forward use) and put back before backward reads them; after
+their last use they are left to the user, as plain Chainer would.
 """
 from __future__ import annotations
 
