@@ -7,8 +7,9 @@
    ``PoocH(budget=...)``, alternating iteration by iteration so both see the same machine
    load: on the GPU when CuPy sees one, else on the host-simulated device, whose accounted
    memory the budget bounds;
-3. write results/demo/: the measured profile, plan.csv, iterations.csv, losses.csv,
-   loss.png (both loss curves), timeline.png (the plan's simulated timeline), summary.json.
+3. write results/demo/: the measured profile, plan.csv, iterations.csv, allocations.csv
+   (the device's malloc/free events while profiling), losses.csv, loss.png (both loss curves),
+   timeline.png (the plan's simulated timeline), summary.json.
 
 The budget is ``--budget-fraction`` of the in-core need, raised to just above the smallest
 budget any plan can reach when the fraction is below it (the demo says so). The data are a
@@ -140,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     pooch.profile.save(args.out / "profile")
     pooch.plan.to_csv(args.out / "plan.csv")
     pooch.iterations.to_csv(args.out / "iterations.csv", index=False)
+    pooch.allocations.to_csv(args.out / "allocations.csv", index=False)
     import pandas as pd
     pd.DataFrame({"iteration": range(len(plain.losses)), "plain": plain.losses,
                   "pooch": pooch_run.losses, "plain_s": plain.seconds,
@@ -173,8 +175,8 @@ def main(argv: list[str] | None = None) -> int:
           f"iteration: plain {plain_s * 1e3:.1f} ms, PoocH {pooch_s * 1e3:.1f} ms "
           f"({pooch_s / plain_s:.2f}x; predicted {pooch.plan.iteration_time_s * 1e3:.1f} ms)\n"
           f"losses and parameters bit-identical to plain Chainer: {identical}\n"
-          f"written to {args.out}/ (profile/, plan.csv, iterations.csv, losses.csv, loss.png, "
-          f"timeline.png, summary.json)")
+          f"written to {args.out}/ (profile/, plan.csv, iterations.csv, allocations.csv, "
+          f"losses.csv, loss.png, timeline.png, summary.json)")
     return 0 if identical else 1
 
 

@@ -250,6 +250,15 @@ class PoocH:
                 deviation=stats.deviation))
         return pd.DataFrame(rows)
 
+    @property
+    def allocations(self) -> pd.DataFrame:
+        """The device's malloc/free events of the profiled iterations, in program order, each
+        attributed to the op running (-1 between ops; backward ops have their own index)."""
+        from pooch_ext.hooks.allocator import EVENT_COLUMNS
+
+        rows = [(s.iteration,) + tuple(e) for s in self.runtime.samples for e in s.allocations]
+        return pd.DataFrame(rows, columns=["iteration", *EVENT_COLUMNS])
+
     def extension(self) -> Any:
         """A Trainer extension reporting pooch/* entries every iteration (for PrintReport)."""
         return PoocHReport(self)

@@ -11,7 +11,7 @@ def test_demo_writes_its_results_and_trains_bit_identically(tmp_path, capsys):
     out = tmp_path / "demo"
     assert main(["--iters", "6", "--batch", "4", "--profile-iters", "2", "--cpu",
                  "--out", str(out)]) == 0
-    for name in ("plan.csv", "iterations.csv", "losses.csv", "loss.png", "timeline.png",
+    for name in ("plan.csv", "iterations.csv", "allocations.csv", "losses.csv", "loss.png", "timeline.png",
                  "summary.json"):
         assert (out / name).stat().st_size > 0, name
     summary = json.loads((out / "summary.json").read_text())

@@ -44,6 +44,9 @@ def test_measured_profile_is_the_real_graph_with_measured_times(profiled):
     assert (profile.ops.duration_s > 0).all()
     assert len(profile.backward_ops) == len(names) and len(profile.feature_maps) >= 8
     assert profile.resident_bytes == resident_bytes(model)   # Adam's moments included
+    events = pooch.allocations
+    assert list(events.iteration.unique()) == [0, 1, 2]
+    assert set(events.kind) == {"malloc", "free"} and (events.bytes > 0).all()
 
 
 def test_kept_bytes_are_measured_from_the_function_nodes(profiled):
