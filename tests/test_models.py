@@ -57,7 +57,7 @@ def test_small_resnet_has_the_structures_the_executor_needs():
     names = {op.name for op in trace.ops}
     assert {"Convolution2DFunction", "BatchNormalization", "ReLU", "MaxPoolingND", "Concat",
             "Add", "AveragePooling2D", "Dropout", "LinearFunction"} <= names
-    assert sum(op.name == "Add" for op in trace.ops) == 2
+    assert sum(op.name == "Add" for op in trace.ops) == 4   # two stage-1 blocks, concat mix, stage 2
     model = get_model("small-resnet", n_classes=7)
     assert model(_batch((3, 32, 32), 7)[0]).shape == (2, 7)
 
