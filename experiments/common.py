@@ -26,7 +26,7 @@ import pandas as pd  # noqa: E402
 
 from pooch_ext.analytic import analytic_profile  # noqa: E402
 from pooch_ext.errors import BudgetTooSmallError  # noqa: E402
-from pooch_ext.links import get_link  # noqa: E402
+from pooch_ext.links import Link, get_link  # noqa: E402
 from pooch_ext.plan import Plan  # noqa: E402
 from pooch_ext.policies import get_policy  # noqa: E402
 from pooch_ext.profile import Profile  # noqa: E402
@@ -63,7 +63,7 @@ def budget_bytes(p: Profile, budget: str | int | None) -> int:
     return int(p.device.capacity_bytes if budget is None else parse_bytes(budget))
 
 
-def classify(p: Profile, policy: str, link: str, budget: str | int | None = None) -> Plan:
+def classify(p: Profile, policy: str, link: str | Link, budget: str | int | None = None) -> Plan:
     """The simulated plan of ``policy`` ("pooch-paper": PoocH without our refinement).
 
     A budget below the minimum any plan reaches gives an infeasible empty plan, not an error:
@@ -78,7 +78,7 @@ def classify(p: Profile, policy: str, link: str, budget: str | int | None = None
     return plan
 
 
-def row(p: Profile, plan: Plan, link: str, budget: str | int | None = None, **extra) -> dict:
+def row(p: Profile, plan: Plan, link: str | Link, budget: str | int | None = None, **extra) -> dict:
     """One CSV row: the problem, the plan's prediction and its class counts.
 
     ``iteration_time_s`` is what the simulator predicts even for a plan that does not fit (for
@@ -88,7 +88,7 @@ def row(p: Profile, plan: Plan, link: str, budget: str | int | None = None, **ex
     t = plan.iteration_time_s
     out = {"model": p.meta.get("model", ""), "batch": batch,
            "input_size": "x".join(map(str, size)) if size else "", "gpu": p.device.name,
-           "conv": p.meta.get("conv", ""), "link": link, "budget_bytes": budget_bytes(p, budget),
+           "conv": p.meta.get("conv", ""), "link": get_link(link).name, "budget_bytes": budget_bytes(p, budget),
            "incore_peak_bytes": p.incore_peak_bytes, "minimum_bytes": minimum_budget(p),
            "policy": plan.policy, "feasible": bool(plan.feasible), "iteration_time_s": t,
            "samples_per_s": batch / t if plan.feasible and t and math.isfinite(t) else math.nan,
@@ -99,7 +99,7 @@ def row(p: Profile, plan: Plan, link: str, budget: str | int | None = None, **ex
     return out
 
 
-def run(p: Profile, policy: str, link: str, budget: str | int | None = None,
+def run(p: Profile, policy: str, link: str | Link, budget: str | int | None = None,
         **extra) -> tuple[Plan, dict]:
     """Classify and simulate; the plan and its row."""
     plan = classify(p, policy, link, budget)
@@ -109,6 +109,21 @@ def run(p: Profile, policy: str, link: str, budget: str | int | None = None,
 def incore_time_s(p: Profile) -> float:
     """In-core iteration time without a memory limit: every op back to back (no transfers)."""
     return float(p.ops["duration_s"].sum())
+
+
+def with_relative(table: pd.DataFrame) -> pd.DataFrame:
+    """Add ``relative``: speed over in-core without a memory limit (NaN where a plan fails),
+    and ``relative_unlimited`` (1.0, where that in-core point sits on the same scale)."""
+    table = table.copy()
+    table["relative"] = table.samples_per_s / table.incore_unlimited_samples_per_s
+    table["relative_unlimited"] = 1.0
+    return table
+
+
+def by_policy(table: pd.DataFrame, index: list[str], value: str, digits: int = 3) -> pd.DataFrame:
+    """One row per problem, one column per policy (in first-seen order), for printing."""
+    wide = table.pivot(index=index, columns="policy", values=value)
+    return wide[list(dict.fromkeys(table.policy))].round(digits).reset_index()
 
 
 def parser(doc: str, out: Path) -> argparse.ArgumentParser:

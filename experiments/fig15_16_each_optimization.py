@@ -95,9 +95,7 @@ def main(argv=None) -> int:
     table = measure(args.cases, args.links, args.budget)
     csv = common.write_csv(table, args.out_dir / "fig15_16.csv")
     png = plot(table, args.out_dir / "fig15_16.png")
-    print(common.markdown(table.pivot_table(index=["model", "batch", "link"], columns="policy",
-                                            values="speedup")[list(METHODS)].round(2)
-                          .reset_index()))
+    print(common.markdown(common.by_policy(table, ["model", "batch", "link"], "speedup")))
     common.report([csv, png])
     return 0
 

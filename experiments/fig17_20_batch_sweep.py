@@ -57,11 +57,13 @@ def cross_rows(p, plans: dict, source: str, target: str, budget) -> list[dict]:
             for plan in (replayed, resimulated)]
 
 
-def sweep(batches: dict[str, list[int]], links, budget=None) -> pd.DataFrame:
+def sweep(batches: dict[str, list[int]], links, budget=None, gpu: str = common.PAPER_GPU,
+          conv: str = common.PAPER_CONV, desc: str = "fig17-20") -> pd.DataFrame:
+    """Every policy on every (model, batch, link), plus the cross-machine rows."""
     rows = []
     jobs = [(m, b) for m, bs in batches.items() for b in bs]
-    for model, batch in tqdm(jobs, desc="fig17-20", unit="batch", leave=False):
-        p = common.profile(model, batch)
+    for model, batch in tqdm(jobs, desc=desc, unit="batch", leave=False):
+        p = common.profile(model, batch, None, gpu, conv)
         pooch_plans = {}
         for link in links:
             for policy in POLICIES:
@@ -71,7 +73,7 @@ def sweep(batches: dict[str, list[int]], links, budget=None) -> pd.DataFrame:
                     pooch_plans[link] = plan
         if "nvlink2" in pooch_plans and "pcie3" in pooch_plans:
             rows += cross_rows(p, pooch_plans, "nvlink2", "pcie3", budget)
-    return pd.DataFrame(rows)
+    return common.with_relative(pd.DataFrame(rows))
 
 
 def summary(table: pd.DataFrame) -> pd.DataFrame:

@@ -46,10 +46,8 @@ def sweep(input_sizes, links, budget=None, gpu=common.PAPER_GPU, conv=common.PAP
         p = common.profile(model, batch, size, gpu, conv)
         for policy in POLICIES:
             rows.append(common.run(p, policy, link, budget)[1])
-    table = pd.DataFrame(rows)
+    table = common.with_relative(pd.DataFrame(rows))
     table["voxels"] = [int(np.prod([int(v) for v in s.split("x")[1:]])) for s in table.input_size]
-    table["relative"] = table.samples_per_s / table.incore_unlimited_samples_per_s  # NaN: fails
-    table["relative_unlimited"] = 1.0
     return table
 
 
@@ -113,9 +111,7 @@ def main(argv=None) -> int:
              args.out_dir / "fig21_22.png"]
     plot(table, paths[-1], "ResNeXt-101 3D, batch 1, simulated V100 16 GB "
                            "(paper Fig. 21 x86 / Fig. 22 POWER9)")
-    print(common.markdown(table.pivot_table(index=["input_size", "link"], columns="policy",
-                                            values="relative", dropna=False)
-                          .round(3).reset_index()))
+    print(common.markdown(common.by_policy(table, ["input_size", "link"], "relative")))
     print(common.markdown(summ.round(3)))
     common.report(paths)
     return 0

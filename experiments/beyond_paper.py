@@ -1,0 +1,267 @@
+"""Beyond the paper: today's hosts, classification time against depth, and link speed.
+
+1. ``hosts``: the ResNet-50 batch sweep and the ResNeXt-101 3D input-size sweep on an H100
+   (cost-model preset ``h100``: 80 GB, 67 TFLOP/s FP32, 3.35 TB/s) behind PCIe gen5 (63 GB/s)
+   and behind NVLink-C2C (450 GB/s, the Grace-Hopper link), sizes chosen to need up to ~3x
+   the 80 GB. Convolutions are charged as cuDNN, as in the paper's reproduction, so the only
+   change from Figures 17-22 is the hardware (our executor runs im2col on CuPy 14, which
+   moves ~4x the column buffer and would slow every method alike; ``--conv im2col`` shows it).
+2. ``layers``: how long PoocH's classification takes against the number of forward ops
+   ("layers"), on this machine's CPU: the paper's networks at out-of-core sizes, and seeded
+   random CNN-like graphs (``pooch_ext.synthetic``) of 32 to 2048 layers at a budget 40% of
+   the way from their minimum to their in-core peak, on pcie3 (where the search works
+   hardest). The paper: about 2 minutes for ResNeXt-101 (346 forward ops in our trace).
+3. ``bandwidth``: the keep / swap / recompute mix of PoocH as the link gets faster relative to
+   compute: ResNet-50 at 2.5x the memory (V100 batch 512, H100 batch 2432), link bandwidth
+   4..512 GB/s per direction. The x axis of the right-hand plots is the link-to-compute ratio
+   R = bandwidth x in-core iteration time / feature-map bytes: how many times the link could
+   carry every feature map during one in-core iteration; if R is what matters, both GPUs fall
+   on one curve.
+
+Writes <out>/hosts.csv + hosts.png, <out>/layers.csv + layers.png, <out>/bandwidth.csv +
+bandwidth.png.
+
+    .venv/bin/python experiments/beyond_paper.py [--parts hosts layers bandwidth]
+"""
+from __future__ import annotations
+
+import sys
+import time
+
+import numpy as np
+import pandas as pd
+from tqdm import tqdm
+
+import common
+import fig17_20_batch_sweep as batch_sweep
+import fig21_22_resnext3d as resnext
+import matplotlib.pyplot as plt
+from pooch_ext.links import PRESETS, Link
+from pooch_ext.policies import get_policy
+from pooch_ext.simulator import minimum_budget
+from pooch_ext.synthetic import random_profile
+
+OUT = common.RESULTS / "beyond"
+GPU = "h100"
+HOST_LINKS = ("pcie5", "c2c")
+GB = 1e9
+PAPER_CLASSIFY_S = 120.0   # "about 2 minutes even for resnext101 with >300 layers"
+# networks of the paper at out-of-core sizes on the 16 GB V100: (model, batch, input size)
+REAL = (("alexnet", 2432, None), ("vgg16", 256, None), ("resnet50", 512, None),
+        ("resnext101-3d", 1, "3x128x448x448"))
+BANDWIDTH_CASES = (("v100-16gb", 512), ("h100", 2432))
+
+
+# ---------------------------------------------------------------- 1. today's hosts
+def hosts(batches, sides, links, conv: str, budget=None) -> pd.DataFrame:
+    rn = batch_sweep.sweep({"resnet50": batches}, links, budget, gpu=GPU, conv=conv,
+                           desc="hosts: resnet50")
+    rx = resnext.sweep(resnext.sizes(128, sides), links, budget, gpu=GPU, conv=conv,
+                       desc="hosts: resnext3d")
+    return pd.concat([rn, rx.drop(columns="voxels")], ignore_index=True)
+
+
+def plot_hosts(table: pd.DataFrame, path) -> None:
+    models = list(dict.fromkeys(table.model))
+    links = list(dict.fromkeys(table.link))
+    fig, axes = plt.subplots(len(models), len(links), figsize=(5.4 * len(links),
+                                                               3.9 * len(models)),
+                             squeeze=False, sharey=True)
+    for r, model in enumerate(models):
+        for c, link in enumerate(links):
+            ax = axes[r][c]
+            sel = table[(table.model == model) & (table.link == link)].assign(
+                peak_gb=lambda d: d.incore_peak_bytes / GB)
+            common.plot_methods(ax, sel, x="peak_gb", y="relative",
+                                y_unlimited="relative_unlimited")
+            ends = sel.drop_duplicates("peak_gb").sort_values("peak_gb")
+            first, last = ends.iloc[0], ends.iloc[-1]
+            span = (f"batch {first.batch} .. {last.batch}" if model == "resnet50" else
+                    f"input {first.input_size} .. {last.input_size}")
+            ax.set_title(f"{model} on {GPU} + {common.MACHINE.get(link, link)}\n{span}",
+                         fontsize=9)
+            ax.set_xlabel("in-core memory of the problem (GB)")
+            ax.axvline(first.budget_bytes / GB, color="red", lw=0.8, ls=":")
+            ax.set_ylim(0, 1.08)
+            ax.grid(alpha=0.3)
+        axes[r][0].set_ylabel("speed / in-core without memory limit")
+    axes[0][-1].legend(fontsize=7, loc="lower left")
+    fig.suptitle(f"Today's hosts: simulated {GPU} (80 GB), {table.conv.iloc[0]} convolutions; "
+                 "red dotted line: GPU capacity")
+    common.save(fig, path)
+
+
+# ---------------------------------------------------------------- 2. classification time
+def _timed(p, budget, link, repeat: int) -> dict:
+    out = {}
+    for name, extra in (("pooch", {}), ("pooch-paper", {"refine": False})):
+        seconds = []
+        for _ in range(repeat):
+            started = time.perf_counter()
+            plan = get_policy("pooch").classify(p, budget, link, **extra)
+            seconds.append(time.perf_counter() - started)
+        out[f"{name}_seconds"] = min(seconds)
+        out[f"{name}_feasible"] = plan.feasible
+    return out
+
+
+def layers(depths, seeds: int, repeat: int, real=REAL) -> pd.DataFrame:
+    rows = []
+    jobs = [("real", m, b, s) for m, b, s in real] + \
+           [("synthetic", n, seed, None) for n in depths for seed in range(seeds)]
+    for kind, a, b, size in tqdm(jobs, desc="layers", unit="net", leave=False):
+        if kind == "real":
+            p = common.profile(a, b, size)
+            budget, name = int(p.device.capacity_bytes), a
+        else:
+            p = random_profile(b, a)
+            low = minimum_budget(p)
+            budget, name = int(low + 0.4 * (p.incore_peak_bytes - low)), f"random-{a}"
+        rows.append({"kind": kind, "network": name, "forward_ops": len(p.forward_ops),
+                     "ops": p.n_ops, "feature_maps": len(p.feature_maps), "link": "pcie3",
+                     "budget_bytes": budget, "incore_peak_bytes": p.incore_peak_bytes,
+                     **_timed(p, budget, "pcie3", repeat)})
+    return pd.DataFrame(rows)
+
+
+def plot_layers(table: pd.DataFrame, path) -> None:
+    fig, ax = plt.subplots(figsize=(7, 4.6))
+    syn = table[table.kind == "synthetic"].groupby("forward_ops", as_index=False).median(
+        numeric_only=True)
+    for name, style in (("pooch", "pooch"), ("pooch-paper", "pooch-paper")):
+        color, marker = common.STYLE[style]
+        ax.plot(syn.forward_ops, syn[f"{name}_seconds"], marker=marker, color=color, ls="--",
+                label=f"{name}: random CNN-like graphs (median)")
+        real = table[table.kind == "real"]
+        ax.plot(real.forward_ops, real[f"{name}_seconds"], marker=marker, color=color, ls="none",
+                ms=9, mec="black", label=f"{name}: the paper's networks")
+    for r in table[table.kind == "real"].itertuples():
+        ax.annotate(r.network, (r.forward_ops, r.pooch_seconds), textcoords="offset points",
+                    xytext=(5, 5), fontsize=7)
+    rx = table[table.network == "resnext101-3d"]
+    x = rx.forward_ops.iloc[0] if len(rx) else 346
+    ax.plot([x], [PAPER_CLASSIFY_S], "*", color="purple", ms=14,
+            label="paper: ~2 min for ResNeXt-101")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("forward ops (layers)")
+    ax.set_ylabel("classification seconds (this machine's CPU)")
+    ax.set_title("PoocH classification time against network depth (pcie3)")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7)
+    common.save(fig, path)
+
+
+# ---------------------------------------------------------------- 3. link bandwidth
+def bandwidth(gbps, cases=BANDWIDTH_CASES, budget=None) -> pd.DataFrame:
+    rows = []
+    jobs = [(gpu, batch, g) for gpu, batch in cases for g in gbps]
+    for gpu, batch, g in tqdm(jobs, desc="bandwidth", unit="link", leave=False):
+        p = common.profile("resnet50", batch, None, gpu)
+        link = Link(f"{g:g}GB/s", g * GB, g * GB)
+        ratio = g * GB * common.incore_time_s(p) / p.feature_map_bytes
+        for policy in ("superneurons", "pooch"):
+            rows.append(common.run(p, policy, link, budget, gbps=g, link_compute_ratio=ratio)[1])
+    table = common.with_relative(pd.DataFrame(rows))
+    total = table[["keep", "swap", "recompute"]].sum(axis=1)
+    for cls in ("keep", "swap", "recompute"):
+        table[f"{cls}_fraction"] = table[cls] / total
+    return table
+
+
+def plot_bandwidth(table: pd.DataFrame, path) -> None:
+    gpus = list(dict.fromkeys(table.gpu))
+    fig, axes = plt.subplots(2, max(2, len(gpus)), figsize=(11, 7.5), squeeze=False)
+    pooch = table[table.policy == "pooch"]
+    for ax, gpu in zip(axes[0], gpus):
+        sel = pooch[pooch.gpu == gpu].sort_values("gbps")
+        ax.stackplot(sel.gbps, [sel[f"{c}_fraction"] for c in common.CLASS_COLORS],
+                     colors=list(common.CLASS_COLORS.values()), labels=list(common.CLASS_COLORS))
+        for name, link in PRESETS.items():
+            bw = link.d2h_bytes_per_s / GB
+            if sel.gbps.min() <= bw <= sel.gbps.max():
+                ax.axvline(bw, color="white", lw=1, ls="--")
+                ax.text(bw, 1.01, name, rotation=90, fontsize=6, ha="center", va="bottom")
+        ax.set_xscale("log")
+        ax.set_ylim(0, 1)
+        ax.set_xlabel("link bandwidth per direction (GB/s)")
+        ax.set_title(f"PoocH classes, resnet50 b{sel.batch.iloc[0]} on {gpu}", pad=26,
+                     fontsize=9)
+    axes[0][0].set_ylabel("fraction of feature maps")
+    axes[0][-1].legend(fontsize=7, loc="lower right")
+    markers = dict(zip(gpus, "os^"))
+    for gpu in gpus:
+        sel = pooch[pooch.gpu == gpu].sort_values("link_compute_ratio")
+        for cls in ("swap", "recompute"):
+            axes[1][0].plot(sel.link_compute_ratio, sel[f"{cls}_fraction"],
+                            marker=markers[gpu], color=common.CLASS_COLORS[cls],
+                            label=f"{cls}, {gpu}", ls="-" if gpu == gpus[0] else "--")
+        for policy in ("pooch", "superneurons"):
+            part = table[(table.gpu == gpu) & (table.policy == policy)].sort_values(
+                "link_compute_ratio")
+            axes[1][1].plot(part.link_compute_ratio, part.relative, marker=markers[gpu],
+                            color=common.STYLE[policy][0], ls="-" if gpu == gpus[0] else "--",
+                            label=f"{policy}, {gpu}")
+    for ax in axes[1]:
+        ax.set_xscale("log")
+        ax.set_xlabel("R = bandwidth x in-core time / feature-map bytes")
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=7)
+    axes[1][0].set_ylabel("fraction of feature maps")
+    axes[1][1].set_ylabel("speed / in-core without memory limit")
+    axes[1][1].set_ylim(0, 1.05)
+    fig.suptitle("How the mix moves as the link gets faster relative to compute "
+                 "(ResNet-50 at 2.5x the GPU memory)")
+    common.save(fig, path)
+
+
+def main(argv=None) -> int:
+    ap = common.parser(__doc__, OUT)
+    ap.add_argument("--parts", nargs="+", default=["hosts", "layers", "bandwidth"],
+                    choices=["hosts", "layers", "bandwidth"])
+    ap.add_argument("--batches", type=common.ints, default=list(range(512, 4097, 512)),
+                    help="ResNet-50 batches on the H100 (default 512..4096)")
+    ap.add_argument("--sides", type=common.ints, default=list(range(448, 1345, 128)),
+                    help="ResNeXt-101 3D H = W with 128 frames on the H100 (default 448..1344)")
+    ap.add_argument("--links", nargs="+", default=list(HOST_LINKS))
+    ap.add_argument("--conv", default=common.PAPER_CONV, choices=["cudnn", "im2col"])
+    ap.add_argument("--depths", type=common.ints, default=[32, 64, 128, 256, 512, 1024, 2048],
+                    help="layers of the random graphs")
+    ap.add_argument("--seeds", type=int, default=2, help="random graphs per depth")
+    ap.add_argument("--repeat", type=int, default=2, help="timed runs per network (min kept)")
+    ap.add_argument("--real", nargs="*", default=None,
+                    help="the paper's networks to time (default all four)")
+    ap.add_argument("--gbps", type=float, nargs="+",
+                    default=[4, 8, 12, 16, 24, 32, 48, 63, 75, 96, 128, 192, 256, 450],
+                    help="link bandwidths per direction, GB/s")
+    args = ap.parse_args(argv)
+    paths = []
+    if "hosts" in args.parts:
+        table = hosts(args.batches, args.sides, args.links, args.conv, args.budget)
+        paths.append(common.write_csv(table, args.out_dir / "hosts.csv"))
+        paths.append(args.out_dir / "hosts.png")
+        plot_hosts(table, paths[-1])
+        print(common.markdown(common.by_policy(table, ["model", "batch", "input_size", "link"],
+                                               "relative")))
+    if "layers" in args.parts:
+        real = REAL if args.real is None else tuple(r for r in REAL if r[0] in args.real)
+        table = layers(args.depths, args.seeds, args.repeat, real)
+        paths.append(common.write_csv(table, args.out_dir / "layers.csv"))
+        paths.append(args.out_dir / "layers.png")
+        plot_layers(table, paths[-1])
+        print(common.markdown(table.drop(columns=["budget_bytes", "incore_peak_bytes"])
+                              .round(3)))
+    if "bandwidth" in args.parts:
+        table = bandwidth(args.gbps, budget=args.budget)
+        paths.append(common.write_csv(table, args.out_dir / "bandwidth.csv"))
+        paths.append(args.out_dir / "bandwidth.png")
+        plot_bandwidth(table, paths[-1])
+        cols = ["gpu", "gbps", "link_compute_ratio", "policy", "keep", "swap", "recompute",
+                "relative"]
+        print(common.markdown(table[cols].round(3)))
+    common.report(paths)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,149 @@
+"""The experiment scripts on tiny configurations, and the schedule replay they rely on.
+
+Each script's ``main`` runs into a temporary folder; every CSV it writes must have a header
+and rows, every PNG must open as an image. The replay timer must give the simulator's own
+time on the link a schedule was made for, and never less on a slower link.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import matplotlib.image as mpimg
+import pandas as pd
+import pytest
+
+EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
+sys.path.insert(0, str(EXPERIMENTS))
+
+import common  # noqa: E402
+import replay  # noqa: E402
+
+
+def check_outputs(folder: Path, csvs: list[str], pngs: list[str]) -> dict[str, pd.DataFrame]:
+    tables = {}
+    for name in csvs:
+        table = pd.read_csv(folder / name)
+        assert len(table.columns) > 1 and len(table) > 0, name
+        tables[name] = table
+    for name in pngs:
+        image = mpimg.imread(folder / name)
+        assert image.ndim == 3 and image.shape[0] > 100 and image.shape[1] > 100, name
+    return tables
+
+
+def test_fig15_16(tmp_path):
+    import fig15_16_each_optimization as fig
+
+    assert fig.main(["--out-dir", str(tmp_path), "--cases", "alexnet:2432", "--links",
+                     "pcie3"]) == 0
+    table = check_outputs(tmp_path, ["fig15_16.csv"], ["fig15_16.png"])["fig15_16.csv"]
+    speed = table.set_index("policy").speedup
+    assert speed["swap-all-nosched"] == pytest.approx(1.0)
+    # the paper's ordering: each step is at least as fast as the one before it
+    assert speed["swap-all"] >= 1.0 and speed["swap-opt"] >= speed["swap-all"] - 1e-9
+    assert speed["pooch"] >= speed["swap-opt"] - 1e-9
+
+
+def test_fig17_20_with_cross_machine_point(tmp_path):
+    import fig17_20_batch_sweep as fig
+
+    assert fig.main(["--out-dir", str(tmp_path), "--resnet50", "128,256",
+                     "--alexnet", "2432"]) == 0
+    tables = check_outputs(tmp_path, ["fig17_20.csv", "fig17_20_summary.csv"],
+                           ["fig17_18_resnet50.png", "fig19_20_alexnet.png"])
+    table = tables["fig17_20.csv"]
+    incore = table[table.policy == "in-core"].set_index(["model", "batch", "link"])
+    assert incore.loc[("resnet50", 128, "pcie3"), "feasible"]
+    assert not incore.loc[("resnet50", 256, "pcie3"), "feasible"]
+    cross = table[table.policy == "pooch-nvlink2-schedule"]
+    assert set(cross.link) == {"pcie3"} and set(cross.plan_link) == {"nvlink2"}
+    own = table[(table.policy == "pooch") & (table.link == "pcie3")].set_index(["model", "batch"])
+    for r in cross.itertuples():   # the pcie3 plan is never slower than the nvlink2 one
+        assert own.loc[(r.model, r.batch), "iteration_time_s"] <= r.iteration_time_s + 1e-9
+
+
+def test_table3(tmp_path):
+    import table3_classification as t3
+
+    assert t3.main(["--out-dir", str(tmp_path), "--model", "alexnet", "--batch", "2432"]) == 0
+    plans = [f"plan_{p}_{link}.csv" for p in t3.POLICIES for link in common.PAPER_LINKS]
+    tables = check_outputs(tmp_path, ["table3.csv", "table3_by_function.csv"] + plans,
+                           ["table3.png"])
+    counts = tables["table3.csv"]
+    assert (counts[["keep", "swap", "recompute"]].sum(axis=1) == 15).all()   # AlexNet's maps
+    plan = tables["plan_pooch_pcie3.csv"]
+    assert set(plan["class"]) <= {"keep", "swap", "recompute"} and len(plan) == 15
+
+
+def test_fig21_22(tmp_path):
+    import fig21_22_resnext3d as fig
+
+    assert fig.main(["--out-dir", str(tmp_path), "--frames", "128", "--sides", "224,480",
+                     "--links", "nvlink2"]) == 0
+    tables = check_outputs(tmp_path, ["fig21_22.csv", "fig21_22_summary.csv"], ["fig21_22.png"])
+    table = tables["fig21_22.csv"]
+    big = table[table.input_size == "3x128x480x480"].set_index("policy")
+    assert not big.loc["in-core", "feasible"] and big.loc["pooch", "feasible"]
+    assert 0 < big.loc["pooch", "relative"] <= 1 + 1e-9
+
+
+def test_beyond_paper(tmp_path):
+    import beyond_paper as bp
+
+    assert bp.main(["--out-dir", str(tmp_path), "--batches", "2048", "--sides", "960",
+                    "--links", "c2c", "--depths", "16", "--seeds", "1", "--repeat", "1",
+                    "--real", "alexnet", "--gbps", "8", "450"]) == 0
+    tables = check_outputs(tmp_path, ["hosts.csv", "layers.csv", "bandwidth.csv"],
+                           ["hosts.png", "layers.png", "bandwidth.png"])
+    bw = tables["bandwidth.csv"]
+    pooch = bw[bw.policy == "pooch"]
+    fractions = pooch[["keep_fraction", "swap_fraction", "recompute_fraction"]].sum(axis=1)
+    assert fractions.to_numpy() == pytest.approx(1.0)
+    # a faster link never makes PoocH's plan slower, nor choose more recomputation
+    for _, sel in pooch.groupby("gpu"):
+        slow, fast = sel.sort_values("gbps").iloc[[0, -1]].itertuples()
+        assert fast.relative >= slow.relative - 1e-9 and fast.recompute <= slow.recompute
+
+
+def test_run_all_partial(tmp_path):
+    import run_all
+
+    assert run_all.main(["--out-dir", str(tmp_path), "--only", "fig15_16", "--quiet"]) == 0
+    assert (tmp_path / "fig15_16" / "fig15_16.csv").is_file()
+    assert not (tmp_path / "run_all.csv").exists()   # only a full run records its timings
+
+
+def tight_budget(profile) -> int:
+    low = common.minimum_budget(profile)
+    return int(low + 0.3 * (profile.incore_peak_bytes - low))
+
+
+def test_replay_matches_simulator_and_slower_link_is_slower(toy_profile):
+    budget = tight_budget(toy_profile)
+    for policy in ("pooch", "swap-opt", "swap-all", "swap-all-nosched"):
+        plan = common.classify(toy_profile, policy, "nvlink2", budget)
+        assert plan.feasible and len(plan.schedule)
+        own = replay.replay_time(toy_profile, plan.schedule, "nvlink2")
+        assert own == pytest.approx(plan.iteration_time_s, rel=1e-12)
+        assert replay.replay_time(toy_profile, plan.schedule, "pcie3") >= own
+        assert replay.replay_peak_bytes(toy_profile, plan.schedule) == plan.peak_bytes
+
+
+def test_replay_rejects_a_broken_schedule(toy_profile):
+    plan = common.classify(toy_profile, "swap-all", "pcie3", tight_budget(toy_profile))
+    broken = plan.schedule[plan.schedule.action != "swap_in"]
+    with pytest.raises(ValueError, match="not a sound schedule"):
+        replay.replay_time(toy_profile, broken, "pcie3")
+
+
+def test_helpers():
+    assert common.ints("64:257:64") == [64, 128, 192, 256]
+    assert common.ints("8,16") == [8, 16]
+    with pytest.raises(Exception, match="not a list of integers"):
+        common.ints("a,b")
+    p = common.profile("alexnet", 256)
+    plan = common.classify(p, "pooch", "pcie3", budget=1000)   # below any plan's minimum
+    assert not plan.feasible and "minimum" in plan.reason
+    row = common.row(p, plan, "pcie3", 1000)
+    assert row["samples_per_s"] != row["samples_per_s"]   # NaN where the plan fails
