@@ -19,6 +19,7 @@ mechanism runs (and is tested) on a CPU; its copy times come from a link preset.
 """
 from __future__ import annotations
 
+import copy
 import ctypes
 import time
 import weakref
@@ -27,6 +28,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
+
+import pooch_ext  # noqa: F401  (chainer import compat)
+import chainer
 
 from pooch_ext.errors import PoochError
 from pooch_ext.links import Link, get_link
@@ -420,16 +424,37 @@ def model_arrays(model: Any) -> set[int]:
     return ids
 
 
+def host_copy(array: Any) -> Any:
+    """A NumPy copy of a NumPy or CuPy array, never an alias of it (None stays None)."""
+    if array is None:
+        return None
+    return np.array(chainer.backend.CpuDevice().send(array), copy=True)
+
+
+def optimizer_state_bytes(param: Any) -> int:
+    """Bytes of the optimizer state of ``param``: what its update rule holds, or, before the
+    first update creates it, what ``init_state`` will allocate (run on a throwaway copy)."""
+    rule = getattr(param, "update_rule", None)
+    if rule is None or param.array is None:
+        return 0
+    state = getattr(rule, "_state", None)
+    if not state:
+        probe = copy.copy(rule)
+        probe._state = {}
+        with chainer.using_device(chainer.backend.get_device_from_array(param.array)):
+            probe.init_state(param)
+        state = probe._state
+    return sum(int(v.nbytes) for v in state.values() if is_array(v))
+
+
 def resident_bytes(model: Any) -> int:
     """Bytes no policy moves: parameters, their gradients (present or about to be), persistent
-    state (BatchNormalization running statistics) and optimizer state."""
+    state (BatchNormalization running statistics) and optimizer state (present or about to be)."""
     total = 0
     for param in model.params():
         if param.array is not None:
             total += 2 * int(param.array.nbytes)
-        rule = getattr(param, "update_rule", None)
-        state = getattr(rule, "_state", None) or {}
-        total += sum(int(v.nbytes) for v in state.values() if is_array(v))
+        total += optimizer_state_bytes(param)
     for link in model.links():
         for name in link._persistent:
             value = link.__dict__.get(name)

@@ -129,12 +129,14 @@ class Executor(GraphRecorder):
 
     def __init__(self, model: Any, device: Any, keep_traces: int = 4,
                  on_deviation: Callable[[str], None] | None = None,
-                 iteration_done: Callable[[GraphTrace], None] | None = None) -> None:
+                 iteration_done: Callable[[GraphTrace], None] | None = None,
+                 backward_done: Callable[[GraphTrace], None] | None = None) -> None:
         super().__init__(model, keep_traces)
         self.device = device
         self.program: Program | None = None
         self.on_deviation = on_deviation
         self.iteration_done = iteration_done
+        self.backward_done = backward_done
         self.timed_transfers = False
         self.history: list[IterationStats] = []
         self.stats = IterationStats(-1)
@@ -497,6 +499,10 @@ class Executor(GraphRecorder):
         self._after_op = []
         self._run_until(index + 1)
         self.stats.finished = time.perf_counter()
+
+    def on_backward_complete(self, trace: GraphTrace) -> None:
+        if self.backward_done is not None:
+            self.backward_done(trace)
 
     def on_iteration_end(self, trace: GraphTrace) -> None:
         program = self.program

@@ -134,7 +134,8 @@ class GraphRecorder(chainer.FunctionHook):
     ``rec.traces`` holds one GraphTrace per completed iteration (``keep_traces`` of them).
     Subclass hooks (all no-ops here): ``on_iteration_start``, ``on_forward_begin(k, fn)``,
     ``on_forward_resolved(k, fn)``, ``on_backward_begin(j, k, fn)``,
-    ``on_backward_end(j, k, fn)``, ``on_iteration_end(trace)``.
+    ``on_backward_end(j, k, fn)``, ``on_backward_complete(trace)`` (the backward pass has run
+    every op it will run: the moment before the optimizer update), ``on_iteration_end(trace)``.
     """
 
     name = "PoochGraphRecorder"
@@ -155,6 +156,7 @@ class GraphRecorder(chainer.FunctionHook):
         self._in_backward = 0
         self._serial = object()
         self._n_inputs = 0     # network inputs seen this iteration
+        self._expected_backward = -1   # backward ops this iteration will run, once known
 
     # ------------------------------------------------------------ context
     def __enter__(self) -> "GraphRecorder":
@@ -181,6 +183,7 @@ class GraphRecorder(chainer.FunctionHook):
     def on_forward_resolved(self, index: int, function: Any) -> None: ...
     def on_backward_begin(self, index: int, fwd_index: int, function: Any) -> None: ...
     def on_backward_end(self, index: int, fwd_index: int, function: Any) -> None: ...
+    def on_backward_complete(self, trace: GraphTrace) -> None: ...
     def on_iteration_end(self, trace: GraphTrace) -> None: ...
 
     # ------------------------------------------------------------ chainer hooks
@@ -214,6 +217,8 @@ class GraphRecorder(chainer.FunctionHook):
         if tag is None or tag[0] is not self._serial or self.trace is None:
             return
         self._in_backward += 1
+        if not self.trace.backward_order:
+            self._expected_backward = self._count_backward_ops(function)
         self.trace.backward_order.append(tag[1])
         self.on_backward_begin(self._backward_index(), tag[1], function)
 
@@ -223,6 +228,28 @@ class GraphRecorder(chainer.FunctionHook):
             return
         self._in_backward -= 1
         self.on_backward_end(self._backward_index(), tag[1], function)
+        if len(self.trace.backward_order) == self._expected_backward:
+            self.on_backward_complete(self.trace)
+
+    def _count_backward_ops(self, loss_creator: Any) -> int:
+        """How many recorded functions Chainer's backward will visit from ``loss_creator``: it
+        follows inputs that require grad and runs a function if any input requires grad
+        (chainer._backprop._backprop_to_all). A function returning no gradient for an input
+        that requires one would make Chainer visit fewer; then on_backward_complete is not
+        called and the iteration simply ends at the next forward op."""
+        seen, frontier, count = {id(loss_creator)}, [loss_creator], 0
+        while frontier:
+            function = frontier.pop()
+            tag = getattr(function, _TAG, None)
+            grad_inputs = [node for node in function.inputs if node.requires_grad]
+            if tag is not None and tag[0] is self._serial and grad_inputs:
+                count += 1
+            for node in grad_inputs:
+                creator = node.creator_node
+                if creator is not None and id(creator) not in seen:
+                    seen.add(id(creator))
+                    frontier.append(creator)
+        return count
 
     # ------------------------------------------------------------ bookkeeping
     def _backward_index(self) -> int:
@@ -236,6 +263,7 @@ class GraphRecorder(chainer.FunctionHook):
         self.nodes = {}
         self._serial = object()
         self._n_inputs = 0
+        self._expected_backward = -1
         self.on_iteration_start()
 
     def _end_iteration(self) -> None:

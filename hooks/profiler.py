@@ -53,8 +53,8 @@ class Profiler(Executor):
     name = "PoochProfiler"
 
     def __init__(self, model: Any, device: Any, keep_traces: int = 4, on_deviation=None,
-                 iteration_done=None) -> None:
-        super().__init__(model, device, keep_traces, on_deviation, iteration_done)
+                 iteration_done=None, backward_done=None) -> None:
+        super().__init__(model, device, keep_traces, on_deviation, iteration_done, backward_done)
         self.measuring = False
         self.samples: list[IterationSample] = []
         self.log = AllocationLog()
@@ -166,11 +166,8 @@ class Profiler(Executor):
         self._stop()
         super().on_iteration_end(trace)
 
-    def collect(self, trace: GraphTrace) -> None:
-        if not self.measuring or not trace.backward_order:   # no backward: not a training step
-            self.stats.transfers = []
-            self.log.clear()
-            return
+    def current_sample(self, trace: GraphTrace) -> IterationSample:
+        """What the iteration in progress measured so far (after its backward: all of it)."""
         self.device.synchronize()
         sample = IterationSample(self.iteration, trace)
         sample.forward_s = {k: t.seconds() for k, t in self._fwd_timers.items()}
@@ -185,10 +182,14 @@ class Profiler(Executor):
             if in_s is not None:
                 sample.swap_in_s.setdefault(tensor, []).append(in_s)
                 sample.transfers.append(("h2d", transfer.nbytes, in_s))
-        self.stats.transfers = []
         sample.allocations = list(self.log.events)
+        return sample
+
+    def collect(self, trace: GraphTrace) -> None:
+        if self.measuring and trace.backward_order:   # no backward: not a training step
+            self.samples.append(self.current_sample(trace))
+        self.stats.transfers = []
         self.log.clear()
-        self.samples.append(sample)
 
 
 # ---------------------------------------------------------------------------------- profile

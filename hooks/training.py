@@ -19,6 +19,8 @@ import chainer
 import chainer.functions as F
 import chainer.links as L
 
+from pooch_ext.hooks.device import host_copy
+
 
 class BranchyNet(chainer.Chain):
     """conv-BN-ReLU, max pooling, a concat of two conv branches, BN, a residual add, Dropout,
@@ -189,15 +191,15 @@ def model_state(model: chainer.Link, optimizer: chainer.Optimizer | None = None)
     """Every array training changes: parameters, persistent state, optimizer state (host copies)."""
     state = {}
     for name, param in model.namedparams():
-        state[f"param{name}"] = chainer.backend.CpuDevice().send(param.array)
+        state[f"param{name}"] = host_copy(param.array)
         rule = getattr(param, "update_rule", None)
         for key, value in sorted((getattr(rule, "_state", None) or {}).items()):
-            state[f"opt{name}/{key}"] = chainer.backend.CpuDevice().send(value)
+            state[f"opt{name}/{key}"] = host_copy(value)
     for path, link in model.namedlinks():
         for name in sorted(link._persistent):
             value = link.__dict__[name]
             if hasattr(value, "shape"):
-                state[f"persistent{path}/{name}"] = chainer.backend.CpuDevice().send(value)
+                state[f"persistent{path}/{name}"] = host_copy(value)
     if optimizer is not None:
         state["opt/t"] = np.asarray(optimizer.t)
     return state
@@ -205,6 +207,10 @@ def model_state(model: chainer.Link, optimizer: chainer.Optimizer | None = None)
 
 def states_equal(a: dict, b: dict) -> bool:
     """Bit-identical: same keys, same dtypes, same bytes."""
-    return a.keys() == b.keys() and all(
-        a[k].dtype == b[k].dtype and a[k].shape == b[k].shape
-        and np.asarray(a[k]).tobytes() == np.asarray(b[k]).tobytes() for k in a)
+    def same(x: Any, y: Any) -> bool:
+        if x is None or y is None:            # an uninitialised (lazy) parameter
+            return x is y
+        return x.dtype == y.dtype and x.shape == y.shape and \
+            np.asarray(x).tobytes() == np.asarray(y).tobytes()
+
+    return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)

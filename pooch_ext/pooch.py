@@ -14,10 +14,13 @@ shapes or ops), the plan is dropped for that iteration and PoocH profiles again.
 
 The budget (None: the device's capacity) applies from the second profiled iteration on: the
 first one runs before anything is known, swapping on demand, and tells the smallest budget
-any plan can reach. A budget below it, or one the chosen policy cannot meet, raises
-BudgetTooSmallError (with the minimum) at the start of the next iteration, before that
-iteration changes anything: the model then holds exactly what the completed iterations,
-identical to plain Chainer's, made of it.
+any plan can reach. The check comes at the end of that first backward pass, before the
+optimizer's update: a budget below the minimum, or one the chosen policy cannot meet on the
+first iteration's measurements, raises BudgetTooSmallError (with the minimum) out of
+``loss.backward()``, and the model's parameters, gradients and persistent state
+(BatchNormalization statistics) are put back as they were when the ``with`` block began, so
+the failed attempt changes nothing. (Should the policy fail only on the final profile, the
+error comes after profiling, leaving the state plain training would have.)
 
 Arrays of intermediate Variables the user's code still holds are dropped while a plan needs
 their memory (after their last forward use) and put back before backward reads them; after
@@ -36,7 +39,8 @@ import pooch_ext  # noqa: F401  (chainer import compat)
 import chainer
 
 from pooch_ext.errors import BudgetTooSmallError
-from pooch_ext.hooks.device import UNLIMITED, HostSimDevice, device_for, resident_bytes
+from pooch_ext.hooks.device import (UNLIMITED, HostSimDevice, device_for, host_copy,
+                                    resident_bytes)
 from pooch_ext.hooks.executor import Program, compile_program
 from pooch_ext.hooks.graph import GraphTrace
 from pooch_ext.hooks.profiler import Profiler, build_profile, fit_link
@@ -89,8 +93,10 @@ class PoocH:
             self.device = device_for(self.model, self.budget_request, link)
         self.budget_bytes = (self.budget_request if self.budget_request is not None
                              else self.device.capacity_bytes())
+        self._snapshot = ModelSnapshot(self.model)
         self.runtime = Profiler(self.model, self.device, on_deviation=self._deviated,
-                                iteration_done=self._iteration_done)
+                                iteration_done=self._iteration_done,
+                                backward_done=self._backward_done)
         self.runtime.__enter__()
         self._start_profiling()
         return self
@@ -124,6 +130,26 @@ class PoocH:
 
     def _deviated(self, reason: str) -> None:
         self._reprofile_reason = reason
+
+    def _backward_done(self, trace: GraphTrace) -> None:
+        """End of the first backward pass: refuse an impossible budget before any update."""
+        if self._closing or self._phase != "profile" or self._profiled != 0 or \
+                self._reprofiles != 0:
+            return
+        try:
+            provisional = self._build_profile([self.runtime.current_sample(trace)])
+            self._check_fits(provisional)
+        except BaseException:
+            self._closing = True
+            self.runtime.abandon()
+            self._snapshot.restore()
+            raise
+
+    def _check_fits(self, profile: Profile) -> None:
+        floor = minimum_budget(profile)
+        if self.budget_bytes < floor:
+            raise BudgetTooSmallError(self.budget_bytes, floor, profile.meta.get("model", ""))
+        self._classify(profile, self.policy if self.policy is not None else "swap-all")
 
     def _iteration_done(self, trace: GraphTrace) -> None:
         if self._closing:
@@ -160,12 +186,12 @@ class PoocH:
         self._profiled += 1
         if self._profiled == 1 and self.profile_iters > 1:
             # from now on the profiled iterations replay the swap-all schedule
-            provisional = self._build_profile()
+            provisional = self._build_profile(self.runtime.samples)
             plan = self._classify(provisional, "swap-all")
             self.runtime.use(compile_program(trace, provisional, plan.schedule, "profile"))
             self._apply_budget()
         if self._profiled >= self.profile_iters:
-            self.profile = self._build_profile()
+            self.profile = self._build_profile(self.runtime.samples)
             self.runtime.stop_measuring()
             self._phase = "execute"
             if self.policy is None:
@@ -187,8 +213,7 @@ class PoocH:
         self._budget_applied = True
 
     # ------------------------------------------------------------ profile and plan
-    def _build_profile(self) -> Profile:
-        samples = self.runtime.samples
+    def _build_profile(self, samples: list) -> Profile:
         trace = samples[-1].trace
         link = self.link if isinstance(self.link, Link) else None
         if link is None:
@@ -228,8 +253,8 @@ class PoocH:
         incore_s = float(profile.ops.duration_s.sum())
         return (f"{plan.policy} plan for {profile.meta.get('model', 'the model')}: "
                 f"keep {counts['keep']} / swap {counts['swap']} / recompute {counts['recompute']} "
-                f"feature maps; predicted {plan.iteration_time_s * 1e3:.3g} ms per iteration "
-                f"(in-core {incore_s * 1e3:.3g} ms), peak {format_bytes(plan.peak_bytes)} of a "
+                f"feature maps; predicted {plan.iteration_time_s * 1e3:.1f} ms per iteration "
+                f"(in-core {incore_s * 1e3:.1f} ms), peak {format_bytes(plan.peak_bytes)} of a "
                 f"{format_bytes(self.budget_bytes)} budget (in-core needs "
                 f"{format_bytes(profile.incore_peak_bytes)}); classified in "
                 f"{plan.classify_seconds:.2g} s")
@@ -262,6 +287,42 @@ class PoocH:
     def extension(self) -> Any:
         """A Trainer extension reporting pooch/* entries every iteration (for PrintReport)."""
         return PoocHReport(self)
+
+
+class ModelSnapshot:
+    """Host copies of what a failed PoocH attempt could change in the model: parameters, their
+    gradients (Chainer may write into a gradient array it reuses) and persistent values
+    (BatchNormalization running statistics)."""
+
+    def __init__(self, model: chainer.Link) -> None:
+        self.params = [(p, host_copy(p.array),
+                        (p._grad_valid, host_copy(p._grad_var.array) if p._grad_valid
+                         and p._grad_var is not None else None))
+                       for p in model.params()]
+        self.persistent = [(link, name, host_copy(link.__dict__[name])
+                            if hasattr(link.__dict__[name], "shape") else link.__dict__[name])
+                           for link in model.links() for name in link._persistent]
+
+    @staticmethod
+    def _put(current: Any, saved: Any) -> Any:
+        """``saved`` back into ``current`` in place when possible, else on its device."""
+        if current is None or saved is None or not hasattr(current, "shape") or \
+                current.shape != saved.shape:
+            return saved if current is None or saved is None else \
+                chainer.backend.get_device_from_array(current).send(saved)
+        current[...] = chainer.backend.get_device_from_array(current).send(saved)
+        return current
+
+    def restore(self) -> None:
+        for param, array, (grad_valid, grad) in self.params:
+            # a lazily initialised parameter the failed attempt initialised goes back to None
+            param.array = None if array is None else self._put(param.array, array)
+            param.grad = None if grad is None or param.array is None else \
+                chainer.backend.get_device_from_array(param.array).send(grad)
+            param._grad_valid = grad_valid
+        for link, name, value in self.persistent:
+            current = link.__dict__[name]
+            link.__dict__[name] = self._put(current, value) if hasattr(value, "shape") else value
 
 
 class PolicyDoesNotFitError(BudgetTooSmallError):

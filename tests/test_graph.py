@@ -101,3 +101,21 @@ def test_trace_builds_a_profile_with_the_same_tensor_ids():
     assert relu_out in fmaps and bn_out not in fmaps
     assert len(profile.backward_ops) == 13
     assert profile.tensors.set_index("tensor").kind[0] == "input"
+
+
+class _CompletionRecorder(GraphRecorder):
+    def __init__(self, model):
+        super().__init__(model)
+        self.completed_at = []
+
+    def on_backward_complete(self, trace):
+        self.completed_at.append(len(trace.backward_order))
+
+
+def test_backward_completion_is_announced_before_the_update():
+    model, (x, t) = Branchy(), _data()
+    with _CompletionRecorder(model) as rec:
+        for _ in range(2):
+            _step(model, x, t)
+            assert rec.completed_at[-1] == len(rec.trace.backward_order) == 13
+    assert rec.completed_at == [13, 13]

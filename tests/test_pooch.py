@@ -73,19 +73,19 @@ def _loop(n, pooch_kwargs=None, seed=0, batches=None):
     return result, model_state(model, optimizer)
 
 
-def test_a_budget_below_the_minimum_fails_before_the_next_iteration_changes_anything():
+def test_a_budget_below_the_minimum_fails_before_the_first_update_and_changes_nothing():
     full = _loop(3, {"profile_iters": 3, "policy": None, "verbose": False})[0].pooch.profile
     minimum = minimum_budget(full)
     result, state = _loop(5, {"profile_iters": 3, "budget": minimum // 2, "policy": "swap-all",
                               "verbose": False})
     assert isinstance(result.error, BudgetTooSmallError)
     assert result.error.minimum_bytes == minimum and result.error.budget_bytes == minimum // 2
-    assert len(result.losses) == 1             # iteration 0 ran, iteration 1 never started
-    plain, plain_state = _loop(1)
-    assert result.losses == plain.losses and states_equal(state, plain_state)
+    assert result.losses == []                 # raised out of the first loss.backward()
+    untouched = _loop(0)[1]                    # same seed, never trained
+    assert states_equal(state, untouched)      # parameters, BN statistics, optimizer state
 
 
-def test_a_policy_that_cannot_fit_fails_after_profiling_with_the_state_of_plain_training():
+def test_a_policy_that_cannot_fit_fails_before_the_first_update_and_changes_nothing():
     full = _loop(3, {"profile_iters": 3, "policy": None, "verbose": False})[0].pooch.profile
     budget = (minimum_budget(full) + full.incore_peak_bytes) // 2
     result, state = _loop(5, {"profile_iters": 3, "budget": budget, "policy": "in-core",
@@ -93,8 +93,31 @@ def test_a_policy_that_cannot_fit_fails_after_profiling_with_the_state_of_plain_
     assert isinstance(result.error, BudgetTooSmallError)
     assert result.error.minimum_bytes == full.incore_peak_bytes
     assert "in-core" in str(result.error)
-    plain, plain_state = _loop(3)
-    assert result.losses == plain.losses and states_equal(state, plain_state)
+    assert result.losses == []
+    assert states_equal(state, _loop(0)[1])
+
+
+def test_the_snapshot_puts_back_parameters_gradients_and_statistics():
+    from pooch_ext.pooch import ModelSnapshot
+
+    np.random.seed(0)
+    model = BranchyNet()
+    x, t = synthetic_batches(1, 4, SHAPE, 5)[0]
+    model.cleargrads()
+    F.softmax_cross_entropy(model(x), t).backward()       # grads and BN statistics exist
+    before = model_state(model)
+    grads = {name: p.grad.copy() for name, p in model.namedparams()}
+    snapshot = ModelSnapshot(model)
+    optimizer = make_optimizer(model, "sgd")
+    for _ in range(2):
+        loss = F.softmax_cross_entropy(model(x), t)
+        model.cleargrads()
+        loss.backward()
+        optimizer.update()
+    assert not states_equal(model_state(model), before)
+    snapshot.restore()
+    assert states_equal(model_state(model), before)
+    assert all(np.array_equal(p.grad, grads[name]) for name, p in model.namedparams())
 
 
 def test_a_changed_graph_is_reported_and_profiled_again():
