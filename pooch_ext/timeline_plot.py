@@ -66,7 +66,10 @@ def plot_timeline(timeline: Timeline, path: str | Path, title: str = "") -> Path
     memory = timeline.memory
     n = len(ops)
     times = np.r_[ops.start_s.to_numpy(), timeline.iteration_time_s]
-    gib = 2.0 ** 30
+    top = max(timeline.budget_bytes, timeline.peak_bytes)
+    unit, gib = next((u, float(scale)) for u, scale in
+                     (("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10), ("bytes", 1))
+                     if top >= scale)
     mem.step(times, memory.peak_bytes.to_numpy()[: n + 1] / gib, where="post",
              color="#4c72b0", label="device memory (peak within each op)")
     mem.fill_between(times, memory.bytes.to_numpy()[: n + 1] / gib, step="post",
@@ -74,7 +77,7 @@ def plot_timeline(timeline: Timeline, path: str | Path, title: str = "") -> Path
     mem.axhline(timeline.budget_bytes / gib, color=COLORS["stall"], linestyle="--",
                 label=f"budget {format_bytes(timeline.budget_bytes)}")
     mem.axvline(timeline.forward_end_s, color="gray", linestyle=":", linewidth=1)
-    mem.set_ylabel("GiB")
+    mem.set_ylabel(unit)
     mem.set_xlabel("time (s)")
     mem.set_ylim(0, max(timeline.budget_bytes, timeline.peak_bytes) / gib * 1.08)
     mem.legend(loc="lower right", fontsize=8)
