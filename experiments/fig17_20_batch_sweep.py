@@ -86,12 +86,14 @@ def summary(table: pd.DataFrame) -> pd.DataFrame:
         over = incore.index[~incore.feasible]
         largest = int(fits.index.max()) if len(fits) else None
         fit_speed = fits.samples_per_s.loc[largest] if largest else math.nan
-        p_over = pooch.loc[over]
-        deg_unlimited = 1 - p_over.samples_per_s / incore.loc[over].incore_unlimited_samples_per_s
-        deg_fit = 1 - p_over.samples_per_s / fit_speed
+        ceiling = incore.loc[over].incore_unlimited_samples_per_s
+        deg_unlimited = 1 - pooch.loc[over].samples_per_s / ceiling
+        deg_paper_steps = 1 - by["pooch-paper"].loc[over].samples_per_s / ceiling
+        deg_fit = 1 - pooch.loc[over].samples_per_s / fit_speed
         sn = by["superneurons"]
         paper_range = [b for b in over if 256 <= b <= 512]
         ratio = pooch.loc[over].samples_per_s / sn.loc[over].samples_per_s
+        ratio_paper = by["pooch-paper"].loc[over].samples_per_s / sn.loc[over].samples_per_s
         largest_batch = int(pooch.index[pooch.feasible].max())   # the largest PoocH runs
         row = {"model": model, "link": link,
                "incore_largest_fitting_batch": largest, "incore_speed_at_largest_fit": fit_speed,
@@ -101,12 +103,16 @@ def summary(table: pd.DataFrame) -> pd.DataFrame:
                "pooch_speed_max": pooch.samples_per_s.max(),
                "pooch_degradation_vs_unlimited_min": deg_unlimited.min(),
                "pooch_degradation_vs_unlimited_max": deg_unlimited.max(),
+               "pooch-paper_degradation_vs_unlimited_min": deg_paper_steps.min(),
+               "pooch-paper_degradation_vs_unlimited_max": deg_paper_steps.max(),
                "pooch_degradation_vs_largest_fit_min": deg_fit.min(),
                "pooch_degradation_vs_largest_fit_max": deg_fit.max(),
                "pooch_over_superneurons_min": ratio.min(),
                "pooch_over_superneurons_max": ratio.max(),
                "pooch_over_superneurons_256_512_min": ratio.loc[paper_range].min(),
                "pooch_over_superneurons_256_512_max": ratio.loc[paper_range].max(),
+               "pooch-paper_over_superneurons_256_512_min": ratio_paper.loc[paper_range].min(),
+               "pooch-paper_over_superneurons_256_512_max": ratio_paper.loc[paper_range].max(),
                "superneurons_fails_at": " ".join(map(str, sn.index[~sn.feasible])),
                "pooch_fails_at": " ".join(map(str, pooch.index[~pooch.feasible])),
                "largest_batch": largest_batch,
