@@ -16,6 +16,17 @@ Both offer the same small interface, so hooks/executor.py has one code path:
 
 The host simulation moves real NumPy arrays to a separate host store, so every executor
 mechanism runs (and is tested) on a CPU; its copy times come from a link preset.
+
+On the GPU a swapped map comes back with the very strides it left with: a convolution's
+output is a transposed view (Chainer's im2col path ends in ``rollaxis``) that fills one dense
+block, so its bytes are copied as they lie and the view is rebuilt around the new block. No
+relayout copy is made (it would cost memory and time the plan does not know about), and every
+later kernel sees the layout it would have seen in plain Chainer. Only maps that are not one
+dense block (strided slices) are made contiguous first (``CupyDevice.relayouts`` counts them).
+
+Link emulation (hooks/linkemu.py): ``CupyDevice(throttle="pcie3")`` stretches every copy to
+the preset's time on the GPU's copy streams; ``HostSimDevice(link=..., throttle=...)`` is its
+host-simulated analogue (each copy takes the longer of the two links' times).
 """
 from __future__ import annotations
 
@@ -33,6 +44,7 @@ import pooch_ext  # noqa: F401  (chainer import compat)
 import chainer
 
 from pooch_ext.errors import PoochError
+from pooch_ext.hooks.linkemu import CopyThrottle, copy_s, emulated_link, stretched_s
 from pooch_ext.links import Link, get_link
 from pooch_ext.units import format_bytes
 
@@ -56,6 +68,7 @@ class Transfer:
     out_s: float | None = None      # host-sim: link time; GPU: filled from events
     in_s: float | None = None
     events: dict = field(default_factory=dict)
+    strides: tuple[int, ...] | None = None   # GPU: the exact strides to restore (dense views)
 
 
 def base_of(array: Any) -> Any:
@@ -70,7 +83,20 @@ def _layout(array: Any) -> str:
     return "F" if flags.f_contiguous and not flags.c_contiguous else "C"
 
 
-class _WallTimer:
+def dense_layout(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int) -> bool:
+    """True when the elements fill exactly one block of ``size * itemsize`` bytes that starts at
+    the first element, in any axis order (C, F, or a transposed view of either)."""
+    if 0 in shape:
+        return True
+    expected = itemsize
+    for stride, n in sorted((s, n) for n, s in zip(shape, strides) if n > 1):
+        if stride != expected:
+            return False
+        expected *= n
+    return True
+
+
+class WallTimer:
     __slots__ = ("start_t", "end_t")
 
     def __init__(self) -> None:
@@ -96,8 +122,12 @@ class HostSimDevice:
 
     kind = "host-sim"
 
-    def __init__(self, budget: int | None = None, link: Link | str = "pcie3") -> None:
-        self.link = get_link(link)
+    def __init__(self, budget: int | None = None, link: Link | str = "pcie3",
+                 throttle: Link | str | None = None) -> None:
+        self.native = get_link(link)
+        self.throttle = None if throttle is None else get_link(throttle)
+        # what profiles made here plan with: the native link, or the one it is throttled to
+        self.link = self.native if throttle is None else emulated_link(self.native, throttle)
         self.name = "host-sim"
         self.budget = None if budget is None else int(budget)
         self.enforce = True
@@ -170,7 +200,7 @@ class HostSimDevice:
         host = np.array(array, order=order, copy=True)
         self.host_bytes += host.nbytes
         return Transfer(int(array.nbytes), tuple(array.shape), array.dtype, order, host,
-                        out_s=self.link.swap_out_s(array.nbytes))
+                        out_s=self._copy_s("d2h", array.nbytes))
 
     def finish_swap_out(self, transfer: Transfer) -> None:
         transfer.source = None
@@ -178,7 +208,7 @@ class HostSimDevice:
     def swap_in(self, transfer: Transfer, timed: bool = False) -> Any:
         if transfer.host is None:
             raise PoochError("swap-in of a map whose host copy was discarded")
-        transfer.in_s = self.link.swap_in_s(transfer.nbytes)
+        transfer.in_s = self._copy_s("h2d", transfer.nbytes)
         return np.array(transfer.host, order=transfer.order, copy=True)
 
     def wait_swap_in(self, transfer: Transfer) -> None:
@@ -192,9 +222,16 @@ class HostSimDevice:
     def transfer_seconds(self, transfer: Transfer) -> tuple[float | None, float | None]:
         return transfer.out_s, transfer.in_s
 
+    def _copy_s(self, direction: str, nbytes: int) -> float:
+        """The link model's copy time, stretched to the throttle's link when one is set."""
+        native = copy_s(self.native, direction, nbytes)
+        if self.throttle is None:
+            return native
+        return stretched_s(native, copy_s(self.throttle, direction, nbytes))
+
     # ------------------------------------------------------------ timing
-    def timer(self) -> _WallTimer:
-        return _WallTimer()
+    def timer(self) -> WallTimer:
+        return WallTimer()
 
     def synchronize(self) -> None:
         """Nothing runs asynchronously on the host."""
@@ -202,7 +239,7 @@ class HostSimDevice:
 
 # ---------------------------------------------------------------------------------- CuPy
 
-class _EventTimer:
+class EventTimer:
     __slots__ = ("cupy", "begin", "end")
 
     def __init__(self, cupy) -> None:
@@ -263,11 +300,15 @@ class CupyDevice:
     Compute stays on the caller's current stream; swap-outs run on their own non-blocking D2H
     stream and swap-ins on an H2D stream, ordered against compute with CUDA events, through
     reusable pinned host buffers. The budget is ``MemoryPool.set_limit`` on the default pool.
+    ``throttle`` (a link preset) stretches every copy to that link's speed (hooks/linkemu.py);
+    the copy streams then get the highest priority, so the one-thread timing kernels on them
+    are scheduled ahead of compute blocks and do not delay the copies.
     """
 
     kind = "cuda"
 
-    def __init__(self, link: Link | str | None = None) -> None:
+    def __init__(self, link: Link | str | None = None,
+                 throttle: Link | str | None = None) -> None:
         import cupy
 
         self.cupy = cupy
@@ -277,9 +318,13 @@ class CupyDevice:
         name = props["name"]
         self.name = name.decode() if isinstance(name, bytes) else str(name)
         self.link = None if link is None else get_link(link)
-        self.d2h = cupy.cuda.Stream(non_blocking=True)
-        self.h2d = cupy.cuda.Stream(non_blocking=True)
+        self.throttle = None if throttle is None else CopyThrottle(throttle, cupy)
+        # CUDA clamps a priority beyond the device's range to its highest one
+        priority = None if throttle is None else -1000
+        self.d2h = cupy.cuda.Stream(non_blocking=True, priority=priority)
+        self.h2d = cupy.cuda.Stream(non_blocking=True, priority=priority)
         self.pinned = PinnedBuffers(cupy)
+        self.relayouts = 0              # swapped maps that were not one dense block
         self.budget: int | None = None
         self._old_limit: int | None = None
         self.resident = 0
@@ -330,21 +375,32 @@ class CupyDevice:
         event.record(stream)
         return event
 
+    def _copy(self, stream: Any, direction: str, nbytes: int, start: Callable[[], None]) -> None:
+        """Queue one copy on ``stream`` (stretched to the throttle's link when one is set)."""
+        if not nbytes:
+            return
+        if self.throttle is None:
+            start()
+            return
+        with self.throttle.around(stream, direction, nbytes):
+            start()
+
     def swap_out(self, array: Any, timed: bool = False) -> Transfer:
         cupy = self.cupy
-        if not (array.flags.c_contiguous or array.flags.f_contiguous):
+        if not dense_layout(array.shape, array.strides, array.itemsize):
             array = cupy.ascontiguousarray(array)   # rare: copy, restored C-contiguous
+            self.relayouts += 1
         order = _layout(array)
         compute = cupy.cuda.get_current_stream()
         self.d2h.wait_event(self._event(compute))            # after the producer / last reader
-        buffer = self.pinned.take(int(array.nbytes))
-        transfer = Transfer(int(array.nbytes), tuple(array.shape), array.dtype, order, buffer,
-                            source=array)
+        nbytes = int(array.nbytes)
+        buffer = self.pinned.take(nbytes)
+        transfer = Transfer(nbytes, tuple(array.shape), array.dtype, order, buffer,
+                            strides=tuple(array.strides), source=array)
         if timed:
             transfer.events["out_start"] = self._event(self.d2h, True)
-        if array.nbytes:
-            array.data.copy_to_host_async(ctypes.c_void_p(buffer[1].ctypes.data), array.nbytes,
-                                          self.d2h)
+        self._copy(self.d2h, "d2h", nbytes, lambda: array.data.copy_to_host_async(
+            ctypes.c_void_p(buffer[1].ctypes.data), nbytes, self.d2h))
         transfer.events["out_done"] = self._event(self.d2h, timed)
         return transfer
 
@@ -357,16 +413,20 @@ class CupyDevice:
         cupy = self.cupy
         if transfer.host is None:
             raise PoochError("swap-in of a map whose host copy was discarded")
-        array = cupy.empty(transfer.shape, transfer.dtype, order=transfer.order)
+        if transfer.nbytes and transfer.strides is not None:
+            # the same dense block, viewed with the strides it left with
+            array = cupy.ndarray(transfer.shape, transfer.dtype,
+                                 memptr=cupy.cuda.alloc(transfer.nbytes), strides=transfer.strides)
+        else:
+            array = cupy.empty(transfer.shape, transfer.dtype, order=transfer.order)
         compute = cupy.cuda.get_current_stream()
         # the block may have been freed by compute work still queued: copy after that work
         self.h2d.wait_event(self._event(compute))
         self.h2d.wait_event(transfer.events["out_done"])
         if timed:
             transfer.events["in_start"] = self._event(self.h2d, True)
-        if transfer.nbytes:
-            array.data.copy_from_host_async(ctypes.c_void_p(transfer.host[1].ctypes.data),
-                                            transfer.nbytes, self.h2d)
+        self._copy(self.h2d, "h2d", transfer.nbytes, lambda: array.data.copy_from_host_async(
+            ctypes.c_void_p(transfer.host[1].ctypes.data), transfer.nbytes, self.h2d))
         transfer.events["in_done"] = self._event(self.h2d, timed)
         return array
 
@@ -388,13 +448,36 @@ class CupyDevice:
         return out_s, in_s
 
     # ------------------------------------------------------------ timing
-    def timer(self) -> _EventTimer:
-        return _EventTimer(self.cupy)
+    def timer(self) -> EventTimer:
+        return EventTimer(self.cupy)
 
     def synchronize(self) -> None:
         self.cupy.cuda.get_current_stream().synchronize()
         self.d2h.synchronize()
         self.h2d.synchronize()
+
+
+def pool_peak_hook(cupy: Any) -> Any:
+    """A CuPy memory hook that keeps the default pool's highest ``used_bytes`` while it is
+    entered (``with hook:``): the real peak, inside ops too (im2col columns, temporaries),
+    where ``CupyDevice.check`` only looks at op boundaries. ``reset()`` starts a new window."""
+    pool = cupy.get_default_memory_pool()
+
+    class PoolPeak(cupy.cuda.MemoryHook):
+        name = "PoochPoolPeak"
+
+        def __init__(self) -> None:
+            self.peak = int(pool.used_bytes())
+
+        def reset(self) -> None:
+            self.peak = int(pool.used_bytes())
+
+        def malloc_postprocess(self, **kwargs: Any) -> None:
+            used = pool.used_bytes()
+            if used > self.peak:
+                self.peak = int(used)
+
+    return PoolPeak()
 
 
 def is_array(value: Any) -> bool:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 
@@ -75,16 +75,24 @@ class TrainResult:
     losses: list[float] = field(default_factory=list)
     seconds: list[float] = field(default_factory=list)       # wall time of each iteration
     cpu_seconds: list[float] = field(default_factory=list)   # process CPU time of each
+    fb_seconds: list[float] = field(default_factory=list)    # forward + backward (``clock``)
     pooch: Any = None
     error: BaseException | None = None
 
     def step(self, model: chainer.Link, optimizer: chainer.Optimizer, x: Any, t: Any,
-             sync: Any = None) -> None:
-        """One iteration (forward, softmax cross entropy, backward, update), timed."""
+             sync: Any = None, clock: Any = None) -> None:
+        """One iteration (forward, softmax cross entropy, backward, update), timed. ``clock()``
+        makes a timer (``device.timer``) for forward + backward alone: what the simulator
+        predicts, on the device's own clock (CUDA events on a GPU)."""
         wall, cpu = time.perf_counter(), time.process_time()
+        timer = clock() if clock is not None else None
+        if timer is not None:
+            timer.start()
         loss = F.softmax_cross_entropy(model(x), t)
         model.cleargrads()
         loss.backward()
+        if timer is not None:
+            timer.stop()
         optimizer.update()
         self.losses.append(float(loss.array))
         del loss
@@ -92,21 +100,28 @@ class TrainResult:
             sync()
         self.seconds.append(time.perf_counter() - wall)
         self.cpu_seconds.append(time.process_time() - cpu)
+        if timer is not None:
+            self.fb_seconds.append(timer.seconds())
 
 
 def train(model: chainer.Link, optimizer: chainer.Optimizer, batches: Iterable,
-          pooch: dict | None = None, progress: Any = None, sync: Any = None) -> TrainResult:
+          pooch: dict | None = None, progress: Any = None, sync: Any = None,
+          clock: Any = None, after_step: Callable[[TrainResult], None] | None = None
+          ) -> TrainResult:
     """One iteration per batch, plainly or (``pooch``: keyword arguments of ``PoocH``) under
     PoocH. An exception from inside the loop (BudgetTooSmallError, say) is kept in
     ``result.error`` with the losses so far. ``progress``: a tqdm bar to advance; ``sync()``
-    runs before each clock read (GPU)."""
+    runs before each clock read (GPU); ``clock``: see ``TrainResult.step``; ``after_step``
+    is called after every iteration (e.g. to read and reset a memory peak)."""
     from pooch_ext.pooch import PoocH
 
     result = TrainResult()
 
     def loop() -> None:
         for x, t in batches:
-            result.step(model, optimizer, x, t, sync)
+            result.step(model, optimizer, x, t, sync, clock)
+            if after_step is not None:
+                after_step(result)
             if progress is not None:
                 progress.update(1)
 

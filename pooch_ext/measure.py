@@ -42,8 +42,11 @@ def setup_model(name: str, gpu: bool, seed: int = 0) -> tuple[Any, Any]:
 
 def measured_profile(model: str, batch: int, input_size: str | tuple | None = None,
                      budget: int | str | None = None, iters: int = 3,
-                     link: str | Link = "pcie3", gpu: bool | None = None) -> Profile:
-    """Profile ``model`` at ``batch`` by training it ``iters`` iterations (see module doc)."""
+                     link: str | Link = "pcie3", gpu: bool | None = None,
+                     device: Any = None) -> Profile:
+    """Profile ``model`` at ``batch`` by training it ``iters`` iterations (see module doc).
+    ``device``: the device to profile on (e.g. a ``CupyDevice(throttle="pcie3")`` to profile
+    as if on that link); by default the model's own."""
     from pooch_ext.hooks.training import synthetic_batches, train
 
     if batch < 1:
@@ -59,7 +62,8 @@ def measured_profile(model: str, batch: int, input_size: str | tuple | None = No
     batches = synthetic_batches(iters, batch, shape, default_n_classes(model), xp=xp)
     result = train(net, optimizer, batches, {"profile_iters": iters, "budget": budget,
                                              "policy": None, "verbose": False,
-                                             "link": "auto" if gpu else link})
+                                             "link": "auto" if gpu else link,
+                                             "device": device})
     if result.error is not None:
         raise result.error
     profile = result.pooch.profile

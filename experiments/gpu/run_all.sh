@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# Everything issue 6 needs from a GPU session, in one command that keeps to its time budget:
+#
+#   run(command="bash experiments/gpu/run_all.sh $OUT", carry=[".whl"],
+#       kind="nvidia-h100-x1", timeout_s=600)
+#
+# 1. installs chainer (the carried wheel, built here by build_wheels.sh) and this project
+#    offline into /tmp/pooch-site (pip --no-index --no-deps --target; PYTHONPATH), without
+#    touching the machine's own packages (NumPy 2, CuPy 14, pandas, matplotlib, ...);
+# 2. prints the versions and the GPU;
+# 3. runs the GPU tests (pytest -m gpu);
+# 4. runs experiments/gpu/measure.py (profiles, link emulation, runs at budgets, fidelity);
+# 5. packs OUT for the trip back (at most 8 files, two folders deep): results.tar.gz holding
+#    everything, plus runs.csv, targets.csv, profiles.csv, link.csv and the three logs.
+#
+# Each step has its own time limit inside POOCH_GPU_BUDGET_S (default 540 s), so a hang
+# cannot eat the session; measure.py also stops starting runs it could not finish.
+#   --cpu   the same steps on the host-simulated device (measure.py --cpu --tiny): the CPU
+#           test of this script. POOCH_INSTALL=0 skips step 1 (use the current interpreter).
+set -u
+OUT=${1:?usage: run_all.sh OUT [--cpu]}
+MODE=${2:-gpu}
+cd "$(dirname "$0")/../.."
+T0=$(date +%s)
+BUDGET=${POOCH_GPU_BUDGET_S:-540}
+PY=${PYTHON:-python3}
+SITE=${POOCH_SITE:-/tmp/pooch-site}
+WHEEL=.whl/chainer-7.8.1-py3-none-any.whl
+WORK="$OUT/work"
+mkdir -p "$WORK"
+export PYTHONUNBUFFERED=1 CHAINER_CUDNN=0 MPLBACKEND=Agg
+
+left() { echo $((BUDGET - ($(date +%s) - T0))); }
+stamp() { echo "[run_all $(date +%H:%M:%S) +$(( $(date +%s) - T0 ))s] $*"; }
+cap() { local want=$1 have; have=$(( $(left) - $2 )); [ "$have" -lt "$want" ] && want=$have; [ "$want" -lt 5 ] && want=5; echo "$want"; }
+
+# 1. install -------------------------------------------------------------------------------
+if [ "${POOCH_INSTALL:-1}" = 1 ]; then
+    if [ ! -f "$WHEEL" ]; then
+        stamp "no $WHEEL: run experiments/gpu/build_wheels.sh where pip has network, and carry .whl"
+        [ "$MODE" = --cpu ] || exit 2
+    else
+        stamp "installing chainer and pooch-ext offline into $SITE"
+        rm -rf "$SITE"
+        if ! timeout 120 "$PY" -m pip install -q --no-index --no-deps --no-build-isolation \
+                --no-compile --no-cache-dir --target "$SITE" "$WHEEL" . > "$WORK/install.log" 2>&1; then
+            # no setuptools/wheel to build the project with: the wheel, then the sources as they
+            # install (hooks/ is the package pooch_ext.hooks)
+            stamp "pip could not build the project (see install.log); copying its sources"
+            timeout 60 "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$SITE" \
+                "$WHEEL" >> "$WORK/install.log" 2>&1 || { stamp "chainer wheel did not install"; exit 2; }
+            cp -r pooch_ext "$SITE/pooch_ext" && cp -r hooks "$SITE/pooch_ext/hooks"
+        fi
+        export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
+    fi
+fi
+
+# 2. versions ------------------------------------------------------------------------------
+{
+    stamp "versions"
+    timeout 60 "$PY" -P -c '
+import sys, numpy, pandas, matplotlib, pooch_ext, chainer
+print("python", sys.version.split()[0], sys.executable)
+print("numpy", numpy.__version__, "pandas", pandas.__version__, "matplotlib", matplotlib.__version__)
+print("chainer", chainer.__version__, "pooch_ext", pooch_ext.__file__)
+try:
+    import cupy
+    from chainer.backends import cuda
+    print("cupy", cupy.__version__, "devices", cupy.cuda.runtime.getDeviceCount(),
+          "chainer cuda.available", cuda.available, "cudnn", cuda.cudnn_enabled)
+except Exception as error:
+    print("cupy unusable:", type(error).__name__, error)
+'
+    command -v nvidia-smi > /dev/null && timeout 20 nvidia-smi --query-gpu=name,memory.total,driver_version,pcie.link.gen.max,pcie.link.width.max --format=csv
+} > "$WORK/env.txt" 2>&1
+cat "$WORK/env.txt"
+
+# 3. GPU tests -----------------------------------------------------------------------------
+T=$(cap 150 300)
+stamp "pytest -m gpu (limit ${T}s)"
+timeout --kill-after=10 "$T" "$PY" -P -m pytest -q -m gpu tests/ \
+    > "$WORK/pytest-gpu.log" 2>&1
+stamp "pytest exit $? ($(tail -1 "$WORK/pytest-gpu.log"))"
+
+# 4. measurements --------------------------------------------------------------------------
+T=$(cap 600 45)
+EXTRA=()
+[ "$MODE" = --cpu ] && EXTRA=(--cpu --tiny)
+stamp "measure.py (limit ${T}s)"
+timeout --signal=INT --kill-after=15 "$T" "$PY" -P experiments/gpu/measure.py "$WORK" \
+    --deadline-s $((T - 25)) "${EXTRA[@]}" > "$WORK/measure.log" 2>&1
+CODE=$?
+tail -40 "$WORK/measure.log"
+stamp "measure.py exit $CODE"
+if [ "$CODE" != 0 ] && [ -f "$WORK/runs.csv" ]; then
+    timeout 60 "$PY" -P experiments/gpu/measure.py "$WORK" --report-only >> "$WORK/measure.log" 2>&1
+fi
+
+# 5. pack ----------------------------------------------------------------------------------
+tar -czf "$OUT/results.tar.gz" -C "$OUT" work
+if [ "$(stat -c %s "$OUT/results.tar.gz")" -gt $((15 * 1024 * 1024)) ]; then
+    stamp "results.tar.gz over 15 MiB: packing without the saved profiles"
+    tar -czf "$OUT/results.tar.gz" -C "$OUT" --exclude=work/profiles work
+fi
+for f in runs.csv targets.csv profiles.csv link.csv measure.log pytest-gpu.log env.txt; do
+    [ -f "$WORK/$f" ] && cp "$WORK/$f" "$OUT/$f"
+done
+rm -rf "$WORK"
+stamp "done; files back: $(cd "$OUT" && ls | tr '\n' ' ')"
+[ -f "$OUT/targets.csv" ] && cat "$OUT/targets.csv"
+exit 0

@@ -1,0 +1,306 @@
+"""CPU tests of what the GPU session relies on: link emulation (the delay per copy, the
+host-simulated analogue, the stamp/hold kernels around each copy), layout-exact swaps on the
+CuPy device (driven through a small functional stand-in for CuPy), and measure.py's whole
+logic in its ``--cpu --tiny`` mode, through run_all.sh as the GPU session will call it."""
+from __future__ import annotations
+
+import ctypes
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from pooch_ext.hooks import linkemu
+from pooch_ext.hooks.device import CupyDevice, HostSimDevice, dense_layout
+from pooch_ext.links import get_link
+
+ROOT = Path(__file__).resolve().parents[1]
+MiB = 2**20
+
+
+# ---------------------------------------------------------------------------------- delays
+
+def test_a_copy_is_stretched_to_the_target_link_and_never_shortened():
+    pcie3, c2c = get_link("pcie3"), get_link("c2c")
+    n = 64 * MiB
+    native = linkemu.copy_s(c2c, "d2h", n)
+    target = linkemu.copy_s(pcie3, "d2h", n)
+    assert target == pytest.approx(pcie3.latency_s + n / 12e9)
+    assert linkemu.extra_s(native, target) == pytest.approx(target - native)
+    assert linkemu.stretched_s(native, target) == pytest.approx(target)
+    # a native copy already slower than the target is left alone
+    assert linkemu.extra_s(target, native) == 0.0
+    assert linkemu.stretched_s(target, native) == target
+    assert linkemu.target_ns("pcie3", "h2d", n) == round(target * 1e9)
+    with pytest.raises(ValueError, match="direction"):
+        linkemu.copy_s("pcie3", "sideways", n)
+
+
+def test_the_emulated_link_is_the_slower_one_per_direction():
+    fast_out = get_link("pcie5").__class__("odd", 80e9, 5e9, 2e-6)
+    link = linkemu.emulated_link(fast_out, "pcie3")
+    assert (link.d2h_bytes_per_s, link.h2d_bytes_per_s) == (12e9, 5e9)
+    assert link.latency_s == get_link("pcie3").latency_s
+    assert linkemu.emulated_link("pcie5", "pcie3") == get_link("pcie3")
+
+
+def test_host_simulated_throttle_times_copies_like_the_target_and_plans_with_it():
+    n = 8 * MiB
+    plain = HostSimDevice(link="pcie5")
+    throttled = HostSimDevice(link="pcie5", throttle="pcie3")
+    a = np.arange(n // 4, dtype=np.float32)
+    for device, link in ((plain, "pcie5"), (throttled, "pcie3")):
+        transfer = device.swap_out(a)
+        back = device.swap_in(transfer)
+        assert np.array_equal(back, a)
+        assert transfer.out_s == pytest.approx(linkemu.copy_s(link, "d2h", n))
+        assert transfer.in_s == pytest.approx(linkemu.copy_s(link, "h2d", n))
+    assert throttled.link == get_link("pcie3") and plain.link == get_link("pcie5")
+    # throttling to a faster link changes nothing
+    assert HostSimDevice(link="pcie3", throttle="c2c").swap_out(a).out_s == pytest.approx(
+        linkemu.copy_s("pcie3", "d2h", n))
+
+
+# ---------------------------------------------------------------------------------- layouts
+
+@pytest.mark.parametrize("make, dense", [
+    (lambda a: a, True),                                   # C
+    (lambda a: np.asfortranarray(a), True),                # F
+    (lambda a: np.rollaxis(a, 3, 1), True),                # Chainer's im2col convolution output
+    (lambda a: a.transpose(2, 0, 3, 1), True),
+    (lambda a: a[:, :2], False),                           # a strided slice
+    (lambda a: a[::-1], False),                            # negative strides
+    (lambda a: a[:, :, :1, :], False),
+    (lambda a: a[:, :0], True),                            # empty
+    (lambda a: a[:1], True),                               # a length-1 axis, any stride
+])
+def test_dense_layout(make, dense):
+    array = make(np.zeros((2, 3, 4, 5), np.float32))
+    assert dense_layout(array.shape, array.strides, array.itemsize) is dense
+
+
+# ---------------------------------------------------------------------------------- fake CuPy
+
+class _Pointer:
+    """MemoryPointer: the address of an array's first element, with the two async copies."""
+
+    def __init__(self, array: "_DevArray", log: list) -> None:
+        self.array, self.log = array, log
+
+    def copy_to_host_async(self, dst, size, stream):
+        self.log.append(("copy", stream.name, size))
+        ctypes.memmove(dst.value, self.array.a.ctypes.data, size)
+
+    def copy_from_host_async(self, src, size, stream):
+        self.log.append(("copy", stream.name, size))
+        ctypes.memmove(self.array.a.ctypes.data, src.value, size)
+
+
+class _DevArray:
+    """A 'device' array: a NumPy array that is not a NumPy array (so nothing converts it)."""
+
+    def __init__(self, a: np.ndarray, log: list) -> None:
+        self.a, self.log = a, log
+        for name in ("shape", "strides", "itemsize", "nbytes", "dtype", "flags"):
+            setattr(self, name, getattr(a, name))
+
+    def __getitem__(self, key) -> "_DevArray":
+        return _DevArray(self.a[key], self.log)
+
+    @property
+    def data(self) -> _Pointer:
+        return _Pointer(self, self.log)
+
+
+class _Stream:
+    def __init__(self, fake, name):
+        self.fake, self.name = fake, name
+
+    def __enter__(self):
+        self.fake.current.append(self)
+
+    def __exit__(self, *exc):
+        self.fake.current.pop()
+
+    def wait_event(self, event):
+        self.fake.log.append(("wait", self.name))
+
+    def synchronize(self):
+        pass
+
+
+class _FakeCupy:
+    """Just what CupyDevice and CopyThrottle touch, recording launches and copies in order."""
+
+    def __init__(self):
+        self.log, self.current = [], []
+        compute = _Stream(self, "compute")
+        self.current.append(compute)
+        streams = iter(("d2h", "h2d"))
+        pool = SimpleNamespace(get_limit=lambda: 0, set_limit=lambda size: None,
+                               used_bytes=lambda: 0, total_bytes=lambda: 0)
+        fake = self
+
+        class Event:
+            def __init__(self, disable_timing=True):
+                pass
+
+            def record(self, stream=None):
+                fake.log.append(("event", stream.name))
+
+            def synchronize(self):
+                pass
+
+        def alloc(nbytes):
+            return SimpleNamespace(buf=bytearray(nbytes))
+
+        self.cuda = SimpleNamespace(
+            Device=lambda: SimpleNamespace(id=0),
+            runtime=SimpleNamespace(getDeviceProperties=lambda i: {"name": b"fake GPU"},
+                                    memGetInfo=lambda: (1 << 30, 1 << 30)),
+            Stream=lambda non_blocking, priority=None: _Stream(self, next(streams)),
+            Event=Event, get_current_stream=lambda: self.current[-1],
+            alloc_pinned_memory=lambda n: bytearray(n), alloc=alloc)
+        self.get_default_memory_pool = lambda: pool
+
+    def zeros(self, n, dtype):
+        return _DevArray(np.zeros(n, dtype), self.log)
+
+    def RawKernel(self, code, name):   # noqa: N802 (CuPy's name)
+        assert name in code
+        return lambda grid, block, args: self.log.append(
+            (name, self.current[-1].name, int(args[1]) if len(args) > 1 else None))
+
+    def ndarray(self, shape, dtype, memptr, strides):
+        return _DevArray(np.ndarray(shape, dtype, buffer=memptr.buf, strides=strides), self.log)
+
+    def empty(self, shape, dtype, order="C"):
+        return _DevArray(np.empty(shape, dtype, order=order), self.log)
+
+    def ascontiguousarray(self, array):
+        self.log.append(("relayout", self.current[-1].name, array.nbytes))
+        return _DevArray(np.ascontiguousarray(array.a), self.log)
+
+
+@pytest.fixture
+def fake_cupy(monkeypatch):
+    fake = _FakeCupy()
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    return fake
+
+
+def _round_trip(device, array):
+    transfer = device.swap_out(array)
+    device.finish_swap_out(transfer)
+    back = device.swap_in(transfer)
+    device.wait_swap_in(transfer)
+    return transfer, back
+
+
+def test_a_transposed_map_comes_back_with_its_strides_and_bytes_without_a_relayout(fake_cupy):
+    device = CupyDevice()
+    y = np.rollaxis(np.random.RandomState(0).rand(2, 5, 6, 3).astype(np.float32), 3, 1)
+    transfer, back = _round_trip(device, _DevArray(y, fake_cupy.log))
+    assert back.strides == y.strides and back.shape == y.shape
+    assert np.array_equal(back.a, y) and not back.a.flags.c_contiguous
+    assert device.relayouts == 0 and not any(e[0] == "relayout" for e in fake_cupy.log)
+    # a strided slice is made contiguous first (counted), and still comes back equal
+    sliced = np.arange(60, dtype=np.float32).reshape(6, 10)[:, :4]
+    transfer, back = _round_trip(device, _DevArray(sliced, fake_cupy.log))
+    assert device.relayouts == 1 and np.array_equal(back.a, sliced) and back.a.flags.c_contiguous
+
+
+def test_throttled_copies_are_bracketed_by_the_stamp_and_hold_kernels(fake_cupy):
+    device = CupyDevice(throttle="pcie3")
+    array = _DevArray(np.ones(3 * MiB // 4, np.float32), fake_cupy.log)
+    start = len(fake_cupy.log)
+    transfer, back = _round_trip(device, array)
+    steps = [e for e in fake_cupy.log[start:] if e[0] != "event" and e[0] != "wait"]
+    n = array.nbytes
+    assert steps == [("pooch_link_stamp", "d2h", None), ("copy", "d2h", n),
+                     ("pooch_link_hold", "d2h", linkemu.target_ns("pcie3", "d2h", n)),
+                     ("pooch_link_stamp", "h2d", None), ("copy", "h2d", n),
+                     ("pooch_link_hold", "h2d", linkemu.target_ns("pcie3", "h2d", n))]
+    assert np.array_equal(back.a, array.a) and device.throttle.copies == 2
+    # the copy's done event comes after the hold: whoever waits on it waits for the stretch
+    d2h = [e for e in fake_cupy.log[start:] if e[1:2] == ("d2h",)]
+    assert d2h[-2][0] == "pooch_link_hold" and d2h[-1][0] == "event"
+
+
+def test_unthrottled_copies_launch_no_kernels(fake_cupy):
+    device = CupyDevice()
+    _round_trip(device, _DevArray(np.ones(1024, np.float32), fake_cupy.log))
+    assert not [e for e in fake_cupy.log if e[0].startswith("pooch_link")]
+
+
+# ---------------------------------------------------------------------------------- run_all
+
+@pytest.fixture(scope="module")
+def run_all_cpu(tmp_path_factory):
+    out = tmp_path_factory.mktemp("gpu_out")
+    env = dict(os.environ, PYTHON=sys.executable, POOCH_INSTALL="0", POOCH_GPU_BUDGET_S="300")
+    done = subprocess.run(["bash", str(ROOT / "experiments/gpu/run_all.sh"), str(out), "--cpu"],
+                          env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return out, done.stdout
+
+
+@pytest.mark.slow
+def test_run_all_returns_at_most_eight_plain_files_with_every_result(run_all_cpu):
+    out, stdout = run_all_cpu
+    files = sorted(p.name for p in out.iterdir())
+    assert all(p.is_file() for p in out.iterdir()) and len(files) <= 8
+    assert set(files) == {"results.tar.gz", "runs.csv", "targets.csv", "profiles.csv",
+                          "link.csv", "measure.log", "pytest-gpu.log", "env.txt"}
+    with tarfile.open(out / "results.tar.gz") as tar:
+        names = tar.getnames()
+    for name in ("work/throughput.png", "work/fidelity.png", "work/link.png",
+                 "work/environment.json", "work/profiles/small-resnet_b8_native/ops.csv",
+                 "work/profiles/small-resnet_b8_pcie3-emulated/ops.csv"):
+        assert name in names
+    assert "skipped" in (out / "pytest-gpu.log").read_text()     # gpu tests skip without CUDA
+    assert "measure.py exit 0" in stdout
+
+
+@pytest.mark.slow
+def test_measure_rows_hold_predictions_measurements_and_exactness(run_all_cpu, monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "experiments"))
+    monkeypatch.syspath_prepend(str(ROOT / "experiments" / "gpu"))
+    from runner import RUN_COLUMNS
+
+    out, _ = run_all_cpu
+    runs = pd.read_csv(out / "runs.csv")
+    assert list(runs.columns) == list(RUN_COLUMNS)
+    native = runs[runs.link == "native"]
+    assert list(native.policy) == ["in-core (plain)"] + ["swap-all", "superneurons", "pooch"] * 2
+    assert (runs.status == "ok").all(), runs[["policy", "status", "error"]]
+    planned = runs[runs.policy != "in-core (plain)"]
+    assert (planned.params_identical == True).all() and (planned.losses_identical == True).all()  # noqa: E712
+    assert (planned.predicted_s > 0).all() and (planned.measured_s > 0).all()
+    assert (planned.measured_peak_bytes <= planned.budget_bytes).all()
+    assert (planned.keep + planned.swap + planned.recompute > 0).all()
+    swap_all = planned[planned.policy == "swap-all"]
+    assert (swap_all.keep == 0).all() and (swap_all.swap > 0).all()
+    emulated = runs[runs.link == "pcie3-emulated"]
+    assert list(emulated.policy) == ["pooch"]
+    assert emulated.fitted_d2h_gbps.iloc[0] == pytest.approx(12.0)
+    links = pd.read_csv(out / "link.csv")
+    assert links.exact.all()
+    slow = links[links.link == "pcie3-emulated"]
+    assert np.allclose(slow.seconds, slow.target_s)
+    profiles = pd.read_csv(out / "profiles.csv")
+    assert list(profiles.link) == ["native", "pcie3-emulated"]
+    assert (profiles.pool_limit_bytes > 15 * 2**30).all()
+    targets = pd.read_csv(out / "targets.csv")
+    assert {"pooch faster than superneurons (time ratio)",
+            "feasible plans that ran out of memory",
+            "parameters bit-identical to in-core"} <= set(targets.target)
+    oom = targets[targets.target == "feasible plans that ran out of memory"]
+    assert (oom.value == 0).all()
+
