@@ -223,7 +223,7 @@ def main(argv=None) -> int:
                     help="ResNet-50 batches on the H100 (default 512..4096)")
     ap.add_argument("--sides", type=common.ints, default=list(range(448, 1345, 128)),
                     help="ResNeXt-101 3D H = W with 128 frames on the H100 (default 448..1344)")
-    ap.add_argument("--links", nargs="+", default=list(HOST_LINKS))
+    ap.add_argument("--links", nargs="+", type=common.link_name, default=list(HOST_LINKS))
     ap.add_argument("--conv", default=common.PAPER_CONV, choices=["cudnn", "im2col"])
     ap.add_argument("--depths", type=common.ints, default=[32, 64, 128, 256, 512, 1024, 2048],
                     help="layers of the random graphs")
@@ -264,4 +264,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(common.cli(main))

@@ -15,8 +15,9 @@ from __future__ import annotations
 import argparse
 import functools
 import math
+import sys
 from pathlib import Path
-from typing import Iterable
+from typing import Callable, Iterable
 
 import matplotlib
 
@@ -25,7 +26,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from pooch_ext.analytic import analytic_profile  # noqa: E402
-from pooch_ext.errors import BudgetTooSmallError  # noqa: E402
+from pooch_ext.errors import BudgetTooSmallError, PoochError  # noqa: E402
 from pooch_ext.links import Link, get_link  # noqa: E402
 from pooch_ext.plan import Plan  # noqa: E402
 from pooch_ext.policies import get_policy  # noqa: E402
@@ -45,10 +46,6 @@ STYLE = {"in-core": ("black", "o"), "superneurons": ("tab:orange", "s"),
          "swap-all-nosched": ("tab:gray", "x"), "swap-all": ("tab:olive", "^"),
          "swap-opt": ("tab:green", "P"), "cross": ("tab:red", "*")}
 CLASS_COLORS = {"keep": "#4c72b0", "swap": "#dd8452", "recompute": "#55a868"}
-ROW_COLUMNS = ("model", "batch", "input_size", "gpu", "conv", "link", "budget_bytes",
-               "incore_peak_bytes", "minimum_bytes", "policy", "feasible", "iteration_time_s",
-               "samples_per_s", "incore_unlimited_samples_per_s", "peak_bytes", "keep", "swap", "recompute", "classify_seconds",
-               "reason")
 
 
 @functools.lru_cache(maxsize=128)
@@ -88,7 +85,8 @@ def row(p: Profile, plan: Plan, link: str | Link, budget: str | int | None = Non
     t = plan.iteration_time_s
     out = {"model": p.meta.get("model", ""), "batch": batch,
            "input_size": "x".join(map(str, size)) if size else "", "gpu": p.device.name,
-           "conv": p.meta.get("conv", ""), "link": get_link(link).name, "budget_bytes": budget_bytes(p, budget),
+           "conv": p.meta.get("conv", ""), "link": get_link(link).name,
+           "budget_bytes": budget_bytes(p, budget),
            "incore_peak_bytes": p.incore_peak_bytes, "minimum_bytes": minimum_budget(p),
            "policy": plan.policy, "feasible": bool(plan.feasible), "iteration_time_s": t,
            "samples_per_s": batch / t if plan.feasible and t and math.isfinite(t) else math.nan,
@@ -150,6 +148,23 @@ def ints(text: str) -> list[int]:
     if not values or min(values) < 1:
         raise argparse.ArgumentTypeError(f"need positive integers: {text!r}")
     return values
+
+
+def link_name(text: str) -> str:
+    """argparse type: a link preset name (unknown names list the presets)."""
+    try:
+        return get_link(text).name
+    except PoochError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def cli(main: Callable[[list[str] | None], int]) -> int:
+    """Run a script's main; a bad input (unknown model, size, budget) is one line, exit 2."""
+    try:
+        return main(None)
+    except (PoochError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
 
 
 def write_csv(frame: pd.DataFrame, path: Path) -> Path:

@@ -46,7 +46,8 @@ def measure(cases, links, budget=None) -> pd.DataFrame:
         for method in METHODS:
             rows.append(common.run(p, method, link, budget)[1])
     table = pd.DataFrame(rows)
-    base = table[table.policy == "swap-all-nosched"].set_index(["model", "link"])["iteration_time_s"]
+    nosched = table[table.policy == "swap-all-nosched"]
+    base = nosched.set_index(["model", "link"])["iteration_time_s"]
     keys = list(zip(table.model, table.link))
     table["speedup"] = np.where(table.feasible, [base[k] for k in keys] / table.iteration_time_s,
                                 np.nan)
@@ -90,7 +91,7 @@ def main(argv=None) -> int:
     ap = common.parser(__doc__, OUT)
     ap.add_argument("--cases", nargs="+", type=case, default=[case(c) for c in CASES],
                     help="model:batch pairs (default %(default)s)")
-    ap.add_argument("--links", nargs="+", default=list(common.PAPER_LINKS))
+    ap.add_argument("--links", nargs="+", type=common.link_name, default=list(common.PAPER_LINKS))
     args = ap.parse_args(argv)
     table = measure(args.cases, args.links, args.budget)
     csv = common.write_csv(table, args.out_dir / "fig15_16.csv")
@@ -101,4 +102,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(common.cli(main))

@@ -40,7 +40,8 @@ FIGURES = {"resnet50": "fig17_18", "alexnet": "fig19_20"}
 # the paper's text (sec. 5.2): in-core 316 images/s; PoocH at batch 640 degrades 38% on x86
 # and 28% on POWER9 (its largest degradations), i.e. about 196 and 228 images/s
 PAPER_INCORE = {"resnet50": 316.0}
-PAPER_POOCH_640 = {("resnet50", "pcie3"): 316 * (1 - 0.38), ("resnet50", "nvlink2"): 316 * (1 - 0.28)}
+PAPER_POOCH_640 = {("resnet50", "pcie3"): 316 * (1 - 0.38),
+                   ("resnet50", "nvlink2"): 316 * (1 - 0.28)}
 
 
 def cross_rows(p, plans: dict, source: str, target: str, budget) -> list[dict]:
@@ -162,7 +163,7 @@ def main(argv=None) -> int:
                     help="ResNet-50 batches: 64,128 or start:stop:step (default 64..640)")
     ap.add_argument("--alexnet", type=common.ints, default=list(range(256, 2561, 256)),
                     help="AlexNet batches (default 256..2560)")
-    ap.add_argument("--links", nargs="+", default=list(common.PAPER_LINKS))
+    ap.add_argument("--links", nargs="+", type=common.link_name, default=list(common.PAPER_LINKS))
     args = ap.parse_args(argv)
     table = sweep({"resnet50": args.resnet50, "alexnet": args.alexnet}, args.links, args.budget)
     paths = [common.write_csv(table, args.out_dir / "fig17_20.csv")]
@@ -181,4 +182,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(common.cli(main))

@@ -102,7 +102,7 @@ def main(argv=None) -> int:
     ap.add_argument("--frames", type=int, default=128, help="clip length T (default 128)")
     ap.add_argument("--sides", type=common.ints, default=list(range(224, 705, 32)),
                     help="H = W values (default 224..704 step 32)")
-    ap.add_argument("--links", nargs="+", default=list(common.PAPER_LINKS))
+    ap.add_argument("--links", nargs="+", type=common.link_name, default=list(common.PAPER_LINKS))
     args = ap.parse_args(argv)
     table = sweep(sizes(args.frames, args.sides), args.links, args.budget)
     summ = summary(table)
@@ -118,4 +118,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(common.cli(main))

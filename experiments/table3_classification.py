@@ -87,7 +87,7 @@ def main(argv=None) -> int:
     ap = common.parser(__doc__, OUT)
     ap.add_argument("--model", default="resnet50")
     ap.add_argument("--batch", type=int, default=512)
-    ap.add_argument("--links", nargs="+", default=list(common.PAPER_LINKS))
+    ap.add_argument("--links", nargs="+", type=common.link_name, default=list(common.PAPER_LINKS))
     args = ap.parse_args(argv)
     p, plans, table = classify_all(args.model, args.batch, args.links, args.budget)
     paths = [common.write_csv(table, args.out_dir / "table3.csv"),
@@ -103,4 +103,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(common.cli(main))

@@ -147,3 +147,13 @@ def test_helpers():
     assert not plan.feasible and "minimum" in plan.reason
     row = common.row(p, plan, "pcie3", 1000)
     assert row["samples_per_s"] != row["samples_per_s"]   # NaN where the plan fails
+
+
+def test_bad_input_is_one_line(capsys):
+    import fig15_16_each_optimization as fig
+
+    assert common.cli(lambda _: fig.main(["--cases", "nonet:64"])) == 2
+    assert capsys.readouterr().err.strip().startswith("error: unknown model 'nonet'")
+    with pytest.raises(SystemExit):   # argparse: unknown link presets are named
+        fig.main(["--links", "nope"])
+    assert "unknown link 'nope'" in capsys.readouterr().err
