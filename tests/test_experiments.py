@@ -153,7 +153,8 @@ def test_bad_input_is_one_line(capsys):
     import fig15_16_each_optimization as fig
 
     assert common.cli(lambda _: fig.main(["--cases", "nonet:64"])) == 2
-    assert capsys.readouterr().err.strip().startswith("error: unknown model 'nonet'")
+    message = capsys.readouterr().err.split("\r")[-1].strip()   # after the progress bar
+    assert message.startswith("error: unknown model 'nonet'") and "\n" not in message
     with pytest.raises(SystemExit):   # argparse: unknown link presets are named
         fig.main(["--links", "nope"])
     assert "unknown link 'nope'" in capsys.readouterr().err
