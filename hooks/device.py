@@ -457,25 +457,44 @@ class CupyDevice:
         self.h2d.synchronize()
 
 
+def round_trip(device: Any, array: Any) -> tuple[float | None, float | None, Any]:
+    """One timed swap-out and swap-in of ``array`` through ``device``'s own copy path:
+    (D2H seconds, H2D seconds, the array that came back). Link calibration measures with it."""
+    transfer = device.swap_out(array, timed=True)
+    device.finish_swap_out(transfer)
+    back = device.swap_in(transfer, timed=True)
+    device.wait_swap_in(transfer)
+    device.synchronize()
+    out_s, in_s = device.transfer_seconds(transfer)
+    device.discard(transfer)
+    return out_s, in_s, back
+
+
 def pool_peak_hook(cupy: Any) -> Any:
-    """A CuPy memory hook that keeps the default pool's highest ``used_bytes`` while it is
-    entered (``with hook:``): the real peak, inside ops too (im2col columns, temporaries),
-    where ``CupyDevice.check`` only looks at op boundaries. ``reset()`` starts a new window."""
+    """A CuPy memory hook that keeps the default pool's highest ``used_bytes`` (``peak``) and
+    ``total_bytes`` (``total_peak``: used plus cached and split-off free blocks, what
+    ``set_limit`` bounds) while it is entered (``with hook:``): the real peaks, inside ops too
+    (im2col columns, temporaries), where ``CupyDevice.check`` only looks at op boundaries.
+    ``reset()`` starts a new window."""
     pool = cupy.get_default_memory_pool()
 
     class PoolPeak(cupy.cuda.MemoryHook):
         name = "PoochPoolPeak"
 
         def __init__(self) -> None:
-            self.peak = int(pool.used_bytes())
+            self.reset()
 
         def reset(self) -> None:
             self.peak = int(pool.used_bytes())
+            self.total_peak = int(pool.total_bytes())
 
         def malloc_postprocess(self, **kwargs: Any) -> None:
             used = pool.used_bytes()
             if used > self.peak:
                 self.peak = int(used)
+            total = pool.total_bytes()
+            if total > self.total_peak:
+                self.total_peak = int(total)
 
     return PoolPeak()
 

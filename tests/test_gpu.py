@@ -156,3 +156,53 @@ def test_forward_ops_still_run_on_the_current_stream(cupy):
     assert result.losses == plain.losses and states_equal(state, plain_state)
     x = cupy.ones((2, 3), cupy.float32)
     assert float(F.sum(chainer.Variable(x)).array) == 6.0
+
+
+def test_a_transposed_map_is_swapped_as_it_lies_and_comes_back_with_its_strides(cupy, device):
+    """Chainer's im2col convolution returns a rollaxis view: no relayout copy, same strides."""
+    y = cupy.rollaxis(cupy.random.rand(4, 5, 6, 3).astype(cupy.float32), 3, 1)
+    assert not y.flags.c_contiguous
+    transfer = device.swap_out(y)
+    device.finish_swap_out(transfer)
+    back = device.swap_in(transfer)
+    device.wait_swap_in(transfer)
+    assert back.strides == y.strides and cupy.array_equal(back, y) and device.relayouts == 0
+
+
+def _copy_times(device, data):
+    """(d2h s, h2d s, the array back) of the second of two round trips (the first warms up)."""
+    from pooch_ext.hooks.device import round_trip
+
+    round_trip(device, data)
+    return round_trip(device, data)
+
+
+def test_throttled_copies_take_the_emulated_links_time_and_stay_exact(cupy, device):
+    from pooch_ext.hooks.device import CupyDevice
+    from pooch_ext.hooks.linkemu import copy_s
+
+    data = cupy.arange(16 << 20, dtype=cupy.float32)           # 64 MiB
+    native = _copy_times(device, data)
+    targets = copy_s("pcie3", "d2h", data.nbytes), copy_s("pcie3", "h2d", data.nbytes)
+    if native[0] > targets[0] or native[1] > targets[1]:
+        pytest.skip(f"this host link is slower than pcie3 ({native[:2]} s for 64 MiB)")
+    throttled = CupyDevice(throttle="pcie3")
+    try:
+        out_s, in_s, back = _copy_times(throttled, data)
+    finally:
+        throttled.restore()
+    assert cupy.array_equal(back, data)
+    assert out_s == pytest.approx(targets[0], rel=0.1)
+    assert in_s == pytest.approx(targets[1], rel=0.1)
+
+
+def test_the_pool_peak_hook_sees_temporaries_inside_an_op(cupy):
+    from pooch_ext.hooks.device import pool_peak_hook
+
+    hook = pool_peak_hook(cupy)
+    with hook:
+        hook.reset()
+        base = hook.peak
+        temporary = cupy.empty(8 << 20, cupy.uint8)
+        del temporary
+    assert hook.peak - base >= 8 << 20

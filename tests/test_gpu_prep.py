@@ -278,7 +278,9 @@ def test_measure_rows_hold_predictions_measurements_and_exactness(run_all_cpu, m
     runs = pd.read_csv(out / "runs.csv")
     assert list(runs.columns) == list(RUN_COLUMNS)
     native = runs[runs.link == "native"]
-    assert list(native.policy) == ["in-core (plain)"] + ["swap-all", "superneurons", "pooch"] * 2
+    # most important first: in-core, every policy at the smallest budget, then the larger one
+    assert list(native.policy) == ["in-core (plain)"] + ["pooch", "superneurons", "swap-all"] * 2
+    assert list(native.budget_fraction.iloc[1:]) == [0.6] * 3 + [1.0] * 3
     assert (runs.status == "ok").all(), runs[["policy", "status", "error"]]
     planned = runs[runs.policy != "in-core (plain)"]
     assert (planned.params_identical == True).all() and (planned.losses_identical == True).all()  # noqa: E712
@@ -304,3 +306,19 @@ def test_measure_rows_hold_predictions_measurements_and_exactness(run_all_cpu, m
     oom = targets[targets.target == "feasible plans that ran out of memory"]
     assert (oom.value == 0).all()
 
+
+
+def test_a_deadline_leaves_skipped_rows_and_a_report(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "experiments"))
+    monkeypatch.syspath_prepend(str(ROOT / "experiments" / "gpu"))
+    import measure
+
+    # 0.1 s left whenever asked: the profile starts (tiny reserves nothing), no run does
+    monkeypatch.setattr(measure.Clock, "left", lambda self: 0.1)
+    assert measure.main([str(tmp_path), "--cpu", "--tiny", "--emulate", "none"]) == 0
+    runs = pd.read_csv(tmp_path / "runs.csv")
+    assert (runs.status == "skipped").all() and len(runs) == 1 + 3 + 3
+    assert (pd.read_csv(tmp_path / "profiles.csv").model == "small-resnet").all()
+    (tmp_path / "targets.csv").unlink()
+    assert measure.main([str(tmp_path), "--report-only"]) == 0
+    assert (pd.read_csv(tmp_path / "targets.csv").passed == "no data").all()

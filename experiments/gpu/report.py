@@ -3,7 +3,7 @@
 Kept apart from the measuring so that ``measure.py OUT --report-only`` can rebuild them from
 whatever rows exist (run_all.sh does so after a run that hit its time limit).
 
-Targets (issue 6), per model and link; "NA" where the runs they need are missing:
+Targets (issue 6), per model and link; "no data" where the runs they need are missing:
 * pooch at the smallest budget (1/3 of the in-core need) at most 30% slower than in-core
   (iteration time; the paper's own measure, throughput lost, is given beside it);
 * pooch faster than superneurons and than swap-all at that budget;
@@ -38,7 +38,7 @@ def _ok(runs: pd.DataFrame) -> pd.DataFrame:
 
 def _row(model, link, target, value, threshold, passed, detail="") -> dict:
     return dict(model=model, link=link, target=target, value=value, threshold=threshold,
-                passed="NA" if passed is None else bool(passed), detail=detail)
+                passed="no data" if passed is None else bool(passed), detail=detail)
 
 
 def targets(runs: pd.DataFrame) -> pd.DataFrame:
@@ -102,13 +102,19 @@ def targets(runs: pd.DataFrame) -> pd.DataFrame:
 
 # ---------------------------------------------------------------------------------- figures
 
+def _legend(ax, size: int) -> None:
+    """A legend where something is labelled (a table of skipped runs draws nothing)."""
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=size, frameon=False)
+
+
 def plot_throughput(runs: pd.DataFrame, path: Path) -> Path:
     """Images/s per budget and policy, one panel per (model, link); the in-core run as a line."""
     groups = list(runs.groupby(["model", "link"], sort=False))
     fig, axes = plt.subplots(1, max(1, len(groups)), figsize=(5.2 * max(1, len(groups)), 3.8),
                              squeeze=False)
     for ax, ((model, link), group) in zip(axes[0], groups):
-        plain = _ok(group[group.policy == PLAIN])
+        plain = _ok(runs[(runs.model == model) & (runs.policy == PLAIN)])   # any link's
         if len(plain):
             ax.axhline(plain.images_per_s.max(), color=COLORS[PLAIN], ls="--", lw=1,
                        label="in-core (plain Chainer)")
@@ -128,12 +134,12 @@ def plot_throughput(runs: pd.DataFrame, path: Path) -> Path:
                     ax.text(x, 0, cell.status.iloc[0], rotation=90, ha="center", va="bottom",
                             fontsize=7, color=COLORS[policy])
         ax.set_xticks(range(len(fractions)), [f"{f:.2g}x" for f in fractions])
+        ax.set_xlim(-0.6, max(2, len(fractions)) - 0.4)
         ax.set_xlabel("memory budget (of the in-core need)")
         ax.set_ylabel("images/s")
         batch = int(group.batch.iloc[0])
         ax.set_title(f"{model}, batch {batch}, link {link}", fontsize=9)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=7, frameon=False)
+        _legend(ax, 7)
     return save(fig, path)
 
 
@@ -161,7 +167,7 @@ def plot_fidelity(runs: pd.DataFrame, path: Path) -> Path:
             ax.set_yscale("log")
         ax.set_xlabel(f"predicted {unit}")
         ax.set_ylabel(f"measured {unit}")
-        ax.legend(fontsize=6, frameon=False)
+        _legend(ax, 6)
     fig.suptitle("simulator fidelity: every run that finished", fontsize=10)
     return save(fig, path)
 
@@ -173,13 +179,14 @@ def plot_links(links: pd.DataFrame, path: Path) -> Path:
         ax.plot(part.bytes / 2**20, part.gbps, marker="o" if direction == "d2h" else "s",
                 label=f"{link} {direction}")
     for target, part in links.dropna(subset=["target_gbps"]).groupby("emulates"):
-        ax.axhline(part.target_gbps.iloc[0], ls="--", color="black", lw=0.8,
-                   label=f"{target} preset")
+        part = part[part.direction == "d2h"]
+        ax.plot(part.bytes / 2**20, part.target_gbps, ls="--", color="black", lw=0.8,
+                label=f"{target} preset (latency + bytes / bandwidth)")
     ax.set_xscale("log")
     ax.set_xlabel("copy size (MiB)")
     ax.set_ylabel("achieved GB/s")
     ax.set_title("host <-> device copies through the executor's path", fontsize=9)
-    ax.legend(fontsize=7, frameon=False)
+    _legend(ax, 7)
     return save(fig, path)
 
 

@@ -28,7 +28,8 @@ SITE=${POOCH_SITE:-/tmp/pooch-site}
 WHEEL=.whl/chainer-7.8.1-py3-none-any.whl
 WORK="$OUT/work"
 mkdir -p "$WORK"
-export PYTHONUNBUFFERED=1 CHAINER_CUDNN=0 MPLBACKEND=Agg
+# CUBLAS_WORKSPACE_CONFIG: cuBLAS stays bit-reproducible whatever the streams (bit-identity checks)
+export PYTHONUNBUFFERED=1 CHAINER_CUDNN=0 MPLBACKEND=Agg CUBLAS_WORKSPACE_CONFIG=:4096:8
 
 left() { echo $((BUDGET - ($(date +%s) - T0))); }
 stamp() { echo "[run_all $(date +%H:%M:%S) +$(( $(date +%s) - T0 ))s] $*"; }

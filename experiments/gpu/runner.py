@@ -35,6 +35,7 @@ RUN_COLUMNS = (
     "status", "plan_feasible", "keep", "swap", "recompute", "classify_s", "iterations",
     "timed_iterations", "predicted_s", "measured_s", "time_error", "wall_s", "images_per_s",
     "predicted_peak_bytes", "measured_peak_bytes", "peak_error", "boundary_peak_bytes",
+    "pool_total_peak_bytes",
     "params_identical", "max_abs_diff", "losses_identical", "fitted_d2h_gbps",
     "fitted_h2d_gbps", "relayouts", "on_demand", "deviation", "run_s", "error")
 
@@ -84,14 +85,17 @@ class Backend:
     def sync(self) -> None:
         """Nothing is asynchronous on the host."""
 
+    def reseed(self, seed: int) -> None:
+        """Random streams the run draws from besides NumPy's (``setup_model`` seeds that)."""
+
     def device(self, throttle: str | None) -> Any:
         return HostSimDevice(link=HOST_NATIVE_LINK, throttle=throttle)
 
     @contextmanager
-    def peaks(self) -> Iterator[Callable[[], float]]:
-        """Yields ``read()``: the peak since the last read (NaN: the host cannot see plain
-        Chainer's memory; PoocH runs use the executor's accounted peaks instead)."""
-        yield lambda: math.nan
+    def peaks(self) -> Iterator[Callable[[], tuple[float, float]]]:
+        """Yields ``read()``: (used, total) peak bytes since the last read (NaN on the host: it
+        cannot see plain Chainer's memory; PoocH runs use the executor's accounted peaks)."""
+        yield lambda: (math.nan, math.nan)
 
     def pool_limit(self, nbytes: int | None) -> Any:
         return nullcontext()
@@ -127,18 +131,21 @@ class GpuBackend(Backend):
     def sync(self) -> None:
         self.cupy.cuda.Device().synchronize()
 
+    def reseed(self, seed: int) -> None:
+        self.cupy.random.seed(seed)          # Dropout's masks on the GPU
+
     def device(self, throttle: str | None) -> Any:
         from pooch_ext.hooks.device import CupyDevice
         return CupyDevice(throttle=throttle) if throttle else None
 
     @contextmanager
-    def peaks(self) -> Iterator[Callable[[], float]]:
+    def peaks(self) -> Iterator[Callable[[], tuple[float, float]]]:
         hook = pool_peak_hook(self.cupy)
 
-        def read() -> float:
-            peak = hook.peak
+        def read() -> tuple[float, float]:
+            peaks = float(hook.peak), float(hook.total_peak)
             hook.reset()
-            return float(peak)
+            return peaks
 
         with hook:
             hook.reset()
@@ -221,12 +228,13 @@ def run(backend: Backend, setup: Setup, *, policy: str | None, budget: int | Non
     def attempt() -> None:
         # everything the run allocates lives in this frame, so it is gone before cleanup
         model, optimizer = setup_model(setup.model, backend.gpu, setup.seed)
+        backend.reseed(setup.seed)
         batches = [backend.batch(setup)] * setup.total_iters
         pooch = None
         if policy is not None:
             pooch = {"profile_iters": setup.profile_iters, "budget": budget, "policy": policy,
                      "link": "auto", "verbose": False, "device": backend.device(throttle)}
-        peaks: list[float] = []
+        peaks: list[tuple[float, float]] = []
         limit = backend.pool_limit(budget) if policy is None else nullcontext()
         with limit, backend.peaks() as read_peak:
             result = train(model, optimizer, batches, pooch, sync=backend.sync,
@@ -263,7 +271,7 @@ def _one_line(error: BaseException) -> str:
     return text.splitlines()[0][:300] if text else type(error).__name__
 
 
-def _fill(row: dict, setup: Setup, result: Any, peaks: list[float],
+def _fill(row: dict, setup: Setup, result: Any, peaks: list[tuple[float, float]],
           predicted: tuple[float, float] | None) -> None:
     """Measured and predicted figures of a finished (or partly finished) run."""
     timed = setup.timed
@@ -272,7 +280,8 @@ def _fill(row: dict, setup: Setup, result: Any, peaks: list[float],
     row["measured_s"] = _median(result.fb_seconds[timed])
     row["wall_s"] = _median(result.seconds[timed])
     row["images_per_s"] = setup.batch / row["wall_s"] if row["wall_s"] > 0 else math.nan
-    row["measured_peak_bytes"] = _max(peaks[timed])
+    row["measured_peak_bytes"] = _max([used for used, _ in peaks[timed]])
+    row["pool_total_peak_bytes"] = _max([total for _, total in peaks[timed]])
     pooch = result.pooch
     if pooch is None:
         if predicted is not None:
@@ -287,7 +296,7 @@ def _fill(row: dict, setup: Setup, result: Any, peaks: list[float],
             row["boundary_peak_bytes"] = float(executed.peak_bytes.max())
             row["on_demand"] = int(executed.on_demand.sum())
             row["deviation"] = "; ".join(sorted(set(d for d in executed.deviation if d)))
-            if not peaks or all(p != p for p in peaks):   # host-sim: the accounted peak
+            if row["measured_peak_bytes"] != row["measured_peak_bytes"]:   # host-sim: accounted
                 row["measured_peak_bytes"] = row["boundary_peak_bytes"]
         plan = pooch.plan
         if plan is not None:
