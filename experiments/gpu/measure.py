@@ -14,8 +14,9 @@
    the smallest budget (the paper's Table 3 question: does a slower link make pooch recompute
    more?).
 3. **Real runs** (runs.csv): plain Chainer (in-core, pool limited to the V100's capacity), then
-   PoocH with each policy at each budget fraction of the in-core need the profile measured;
-   for ``--emulate-model`` again on the throttled link at the smallest budget. Each row holds
+   PoocH with each policy at each budget fraction of the in-core need (the pool's peak total
+   bytes in the plain run: what a limit has to allow; the profile's prediction if that run
+   failed); for ``--emulate-model`` again on the throttled link at the smallest budget. Each row holds
    images/s, the simulator's prediction beside the measured forward + backward time (CUDA
    events) and peak (a pool memory hook), out-of-memory or not, and whether the parameters after
    the last iteration are bit-identical to the plain run's.
@@ -109,6 +110,20 @@ class Clock:
         print(f"[{time.strftime('%H:%M:%S')} +{self.elapsed():6.1f}s] {message}", flush=True)
 
 
+class Estimate:
+    """How long a run takes: the longest one seen so far, or a first guess before any."""
+
+    def __init__(self, guess_s: float) -> None:
+        self.guess_s, self.seen = guess_s, []
+
+    @property
+    def seconds(self) -> float:
+        return max(self.seen) if self.seen else self.guess_s
+
+    def add(self, seconds: float) -> None:
+        self.seen.append(seconds)
+
+
 class Table:
     """A CSV that grows by one row at a time (rewritten whole: tables are small)."""
 
@@ -121,6 +136,10 @@ class Table:
 
 
 # ---------------------------------------------------------------------------------- stages
+
+def _link_name(throttle: str | None) -> str:
+    return f"{throttle}-emulated" if throttle else "native"
+
 
 def _size(nbytes: float) -> str:
     return format_bytes(int(nbytes)) if nbytes == nbytes else "n/a"
@@ -180,7 +199,7 @@ def profile_stage(backend: Backend, setup: Setup, cfg: Config, throttle: str | N
     from pooch_ext.policies import get_policy
     from pooch_ext.simulator import minimum_budget
 
-    link = f"{throttle}-emulated" if throttle else "native"
+    link = _link_name(throttle)
     name = f"{setup.model}_b{setup.batch}_{link}"
     limit = get_gpu(V100_GPU).capacity_bytes
     started = time.perf_counter()
@@ -217,54 +236,77 @@ def profile_stage(backend: Backend, setup: Setup, cfg: Config, throttle: str | N
     return profile
 
 
-def runs_stage(backend: Backend, setup: Setup, cfg: Config, profile, throttle: str | None,
-               reference: Outcome | None, runs: Table, clock: Clock, estimate: float,
-               fractions: list[float], policies: list[str], plain: bool) -> Outcome | None:
-    """The plain in-core run (``plain``) and PoocH at each budget with each policy."""
+def one_run(backend: Backend, setup: Setup, profile, runs: Table, clock: Clock,
+            estimate: Estimate, *, policy: str | None, budget: int | None, need: int,
+            throttle: str | None = None, fraction: float = math.nan,
+            reference: Outcome | None = None) -> Outcome | None:
+    """One row of runs.csv: the run, or 'skipped' when it would end after the deadline."""
+    link = _link_name(throttle)
+    label = (f"{setup.model} b{setup.batch} {link} {policy or 'in-core (plain)'}"
+             + (f" at {fraction:.2g}x" if fraction == fraction else "")
+             + (f" = {format_bytes(budget)}" if budget is not None else " without a limit"))
+    if clock.left() < 1.2 * estimate.seconds:
+        clock.log(f"skip {label}: {clock.left():.0f} s left, a run takes "
+                  f"~{estimate.seconds:.0f} s")
+        runs.add(dict(model=setup.model, batch=setup.batch, link=link,
+                      policy=policy or "in-core (plain)", budget_fraction=fraction,
+                      budget_bytes=budget, incore_need_bytes=need, status="skipped",
+                      error="deadline"))
+        return None
+    clock.log(f"run {label}")
+    predicted = (float(profile.ops.duration_s.sum()), float(profile.incore_peak_bytes))
+    outcome = run(backend, setup, policy=policy, budget=budget, link=link, throttle=throttle,
+                  fraction=fraction, incore_need=need, reference=reference,
+                  predicted=predicted if policy is None else None, log=clock.log)
+    row = outcome.row
+    runs.add(row)
+    estimate.add(row["run_s"])
+    clock.log(f"  {row['status']}: {row['images_per_s']:.1f} img/s, fwd+bwd "
+              f"{row['measured_s'] * 1e3:.1f} ms (predicted {row['predicted_s'] * 1e3:.1f}), "
+              f"peak {_size(row['measured_peak_bytes'])} (predicted "
+              f"{_size(row['predicted_peak_bytes'])}), classes "
+              f"{row['keep']}/{row['swap']}/{row['recompute']}, params identical "
+              f"{row['params_identical']}, {row['run_s']:.1f} s"
+              + (f" [{row['error']}]" if row["error"] else ""))
+    return outcome
+
+
+def plain_stage(backend: Backend, setup: Setup, profile, runs: Table, clock: Clock,
+                estimate: Estimate) -> tuple[Outcome | None, int]:
+    """Plain Chainer in core, the pool limited to the V100's capacity (and, if it does not fit
+    there, again without a limit: its speed is still the yardstick, like the paper's hollow
+    points). Returns the reference run and the in-core need the budgets are fractions of: the
+    pool's peak total bytes in that run (what a limit has to allow), else the profile's
+    prediction."""
     from pooch_ext.costmodel import get_gpu
 
-    link = f"{throttle}-emulated" if throttle else "native"
     need = int(profile.incore_peak_bytes)
-    planned = []
-    if plain:
-        planned.append((None, get_gpu(V100_GPU).capacity_bytes, math.nan))
-    planned += [(p, int(f * need), f) for f in fractions for p in policies]
-    for policy, budget, fraction in planned:
-        label = (f"{setup.model} b{setup.batch} {link} {policy or 'in-core (plain)'}"
-                 + (f" at {fraction:.2g}x = {format_bytes(budget)}" if fraction == fraction
-                    else ""))
-        if clock.left() < 1.2 * estimate:
-            clock.log(f"skip {label}: {clock.left():.0f} s left, a run takes ~{estimate:.0f} s")
-            runs.add(dict(model=setup.model, batch=setup.batch, link=link, policy=policy or
-                          "in-core (plain)", budget_fraction=fraction, budget_bytes=budget,
-                          incore_need_bytes=need, status="skipped", error="deadline"))
-            continue
-        clock.log(f"run {label}")
-        predicted = (float(profile.ops.duration_s.sum()), float(profile.incore_peak_bytes))
-        outcome = run(backend, setup, policy=policy, budget=budget, link=link, throttle=throttle,
-                      fraction=fraction, incore_need=need, reference=reference,
-                      predicted=predicted if policy is None else None, log=clock.log)
-        row = outcome.row
-        runs.add(row)
-        estimate = max(estimate, row["run_s"])
-        clock.log(f"  {row['status']}: {row['images_per_s']:.1f} img/s, fwd+bwd "
-                  f"{row['measured_s'] * 1e3:.1f} ms (predicted {row['predicted_s'] * 1e3:.1f}), "
-                  f"peak {_size(row['measured_peak_bytes'])} (predicted "
-                  f"{_size(row['predicted_peak_bytes'])}), classes "
-                  f"{row['keep']}/{row['swap']}/{row['recompute']}, params identical "
-                  f"{row['params_identical']}, {row['run_s']:.1f} s"
-                  + (f" [{row['error']}]" if row["error"] else ""))
-        if policy is None:
-            reference = outcome if outcome.state is not None else None
-            if row["status"] == "oom" and clock.left() > 1.2 * estimate:
-                # in-core does not fit the V100: its speed without a memory limit is still the
-                # yardstick (the paper's hollow points), and its parameters the reference
-                clock.log("run in-core (plain) again without a memory limit")
-                outcome = run(backend, setup, policy=None, budget=None, link=link,
-                              incore_need=need, predicted=predicted, log=clock.log)
-                runs.add(outcome.row)
-                reference = outcome if outcome.state is not None else None
-    return reference
+    reference = None
+    for budget in (get_gpu(V100_GPU).capacity_bytes, None):
+        outcome = one_run(backend, setup, profile, runs, clock, estimate, policy=None,
+                          budget=budget, need=need)
+        if outcome is None:
+            break
+        if outcome.state is not None:
+            reference = outcome
+            measured = outcome.row["pool_total_peak_bytes"]
+            if measured == measured and measured > 0:
+                need = int(measured)
+            break
+        if outcome.row["status"] != "oom":
+            break
+    return reference, need
+
+
+def runs_stage(backend: Backend, setup: Setup, profile, throttle: str | None,
+               reference: Outcome | None, need: int, runs: Table, clock: Clock,
+               estimate: Estimate, fractions: list[float], policies: list[str]) -> None:
+    """PoocH at each budget fraction of ``need`` with each policy."""
+    for fraction in fractions:
+        for policy in policies:
+            one_run(backend, setup, profile, runs, clock, estimate, policy=policy,
+                    budget=int(fraction * need), need=need, throttle=throttle,
+                    fraction=fraction, reference=reference)
 
 
 def measure_problem(backend: Backend, cfg: Config, setup: Setup, out: Path, profiles: Table,
@@ -275,7 +317,7 @@ def measure_problem(backend: Backend, cfg: Config, setup: Setup, out: Path, prof
         try:
             return profile_stage(backend, setup, cfg, throttle, out, profiles, clock)
         except Exception as error:   # noqa: BLE001 - the next problem may still run
-            clock.log(f"profile {setup.model} b{setup.batch} ({throttle or 'native'}) failed: "
+            clock.log(f"profile {setup.model} b{setup.batch} ({_link_name(throttle)}) failed: "
                       f"{type(error).__name__}: {error}")
             backend.cleanup()
             return None
@@ -283,17 +325,21 @@ def measure_problem(backend: Backend, cfg: Config, setup: Setup, out: Path, prof
     native = profiled(None)
     if native is None:
         return
-    estimate = profiles.rows[-1]["profile_s"] * (setup.total_iters / setup.profile_iters)
+    # first guess: the profiling run (every map swapped) stretched to a run's iterations
+    estimate = Estimate(profiles.rows[-1]["profile_s"] * setup.total_iters / setup.profile_iters)
     fractions = sorted(cfg.fractions_of(setup.model))
-    reference = runs_stage(backend, setup, cfg, native, None, None, runs, clock, estimate,
-                           fractions[:1], cfg.policies, plain=True)
-    if cfg.emulate and setup.model == cfg.emulate_model and clock.left() > 2 * estimate:
+    reference, need = plain_stage(backend, setup, native, runs, clock, estimate)
+    clock.log(f"in-core need of {setup.model} b{setup.batch}: {format_bytes(need)} "
+              f"(the profile predicted {format_bytes(native.incore_peak_bytes)})")
+    runs_stage(backend, setup, native, None, reference, need, runs, clock, estimate,
+               fractions[:1], cfg.policies)
+    if cfg.emulate and setup.model == cfg.emulate_model and clock.left() > 2 * estimate.seconds:
         emulated = profiled(cfg.emulate)
         if emulated is not None:
-            runs_stage(backend, setup, cfg, emulated, cfg.emulate, reference, runs, clock,
-                       estimate, fractions[:1], cfg.emulate_policies, plain=False)
-    runs_stage(backend, setup, cfg, native, None, reference, runs, clock, estimate,
-               fractions[1:], cfg.policies, plain=False)
+            runs_stage(backend, setup, emulated, cfg.emulate, reference, need, runs, clock,
+                       estimate, fractions[:1], cfg.emulate_policies)
+    runs_stage(backend, setup, native, None, reference, need, runs, clock, estimate,
+               fractions[1:], cfg.policies)
 
 
 # ---------------------------------------------------------------------------------- main
