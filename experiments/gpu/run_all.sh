@@ -17,6 +17,8 @@
 # cannot eat the session; measure.py also stops starting runs it could not finish.
 #   --cpu   the same steps on the host-simulated device (measure.py --cpu --tiny): the CPU
 #           test of this script. POOCH_INSTALL=0 skips step 1 (use the current interpreter).
+# For a second call in the same session: POOCH_SKIP_TESTS=1 skips step 3, and
+# POOCH_MEASURE_ARGS adds options to measure.py, e.g. "--problems resnet50:128 --iters 3".
 set -u
 OUT=${1:?usage: run_all.sh OUT [--cpu]}
 MODE=${2:-gpu}
@@ -77,16 +79,22 @@ except Exception as error:
 cat "$WORK/env.txt"
 
 # 3. GPU tests -----------------------------------------------------------------------------
-T=$(cap 150 300)
-stamp "pytest -m gpu (limit ${T}s)"
-timeout --kill-after=10 "$T" "$PY" -P -m pytest -q -m gpu tests/ \
-    > "$WORK/pytest-gpu.log" 2>&1
-stamp "pytest exit $? ($(tail -1 "$WORK/pytest-gpu.log"))"
+if [ "${POOCH_SKIP_TESTS:-0}" = 1 ]; then
+    echo "skipped (POOCH_SKIP_TESTS=1)" > "$WORK/pytest-gpu.log"
+else
+    T=$(cap 150 300)
+    stamp "pytest -m gpu (limit ${T}s)"
+    timeout --kill-after=10 "$T" "$PY" -P -m pytest -q -m gpu tests/ \
+        > "$WORK/pytest-gpu.log" 2>&1
+    stamp "pytest exit $? ($(tail -1 "$WORK/pytest-gpu.log"))"
+fi
 
 # 4. measurements --------------------------------------------------------------------------
 T=$(cap 600 45)
 EXTRA=()
 [ "$MODE" = --cpu ] && EXTRA=(--cpu --tiny)
+# shellcheck disable=SC2206  # split on purpose: options
+EXTRA+=(${POOCH_MEASURE_ARGS:-})
 stamp "measure.py (limit ${T}s)"
 timeout --signal=INT --kill-after=15 "$T" "$PY" -P experiments/gpu/measure.py "$WORK" \
     --deadline-s $((T - 25)) "${EXTRA[@]}" > "$WORK/measure.log" 2>&1
