@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.installed-stamp
 PIPENV := PIP_CONSTRAINT=$(CURDIR)/constraints.txt PIP_BUILD_CONSTRAINT=$(CURDIR)/constraints.txt \
           PIP_DISABLE_PIP_VERSION_CHECK=1
 
-.PHONY: install demo test test-all experiments bench clean
+.PHONY: install demo test experiments bench gpu-wheels clean
 
 install: $(STAMP)
 
@@ -31,6 +31,10 @@ experiments: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python experiments/bench_classify.py
 	$(BIN)/python experiments/bench_overhead.py
+
+# chainer's pure-Python wheel for a GPU machine without network (experiments/gpu/, results/gpu/)
+gpu-wheels:
+	bash experiments/gpu/build_wheels.sh
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache

@@ -98,7 +98,13 @@ def trace_model(model: str, batch: int | None = None,
 
 @functools.lru_cache(maxsize=32)
 def _trace_cached(model: str, batch: int, input_size: tuple[int, ...]) -> ModelTrace:
-    net = get_model(model)
+    return trace_network(get_model(model), batch, input_size, model)
+
+
+def trace_network(net: chainer.Link, batch: int, input_size: tuple[int, ...],
+                  name: str) -> ModelTrace:
+    """Trace any classifier ``net`` (x -> logits) once on CPU at ``batch`` x ``input_size``;
+    ``profile_from_trace`` then gives its analytic profile at any batch (not cached)."""
     rng = np.random.RandomState(0)
     x = rng.standard_normal((batch,) + input_size).astype(np.float32)
     t = rng.randint(0, 2, size=batch).astype(np.int32)
@@ -109,7 +115,7 @@ def _trace_cached(model: str, batch: int, input_size: tuple[int, ...]) -> ModelT
             net.cleargrads()
             loss.backward()
     params = list(net.params())
-    return ModelTrace(model, batch, input_size, recorder.traces[-1],
+    return ModelTrace(name, batch, tuple(input_size), recorder.traces[-1],
                       int(sum(p.array.nbytes for p in params)), len(params))
 
 
