@@ -53,7 +53,9 @@ class SimModel:
     nbytes: np.ndarray          # (m,) int64
     producer: np.ndarray        # (m,)
     last_fwd: np.ndarray        # (m,) last forward op that reads it (its producer if none)
-    bwd_need: list[list[int]]   # backward ops that need it, ascending
+    bwd_need: list[list[int]]   # backward ops that need it, ascending (never empty)
+    bwd_first: np.ndarray       # (m,) first of bwd_need
+    bwd_end: np.ndarray         # (m,) last of bwd_need + 1
     so_s: np.ndarray            # swap-out seconds
     si_s: np.ndarray            # swap-in seconds
     rc_s: np.ndarray            # recompute chain seconds
@@ -127,12 +129,14 @@ def _compile(profile: Profile, link: Link | None) -> SimModel:
     fwd_ops = ops["fwd_op"].to_numpy()
     conv_bwd = np.array([k for k in range(n_fwd, n) if phases[k] == "backward"
                          and is_conv(names[int(fwd_ops[k])])], np.int64)
+    bwd_need = [sorted(int(k) for k in c) for c in fms["bwd_consumers"]]
     return SimModel(
         n=n, n_fwd=n_fwd, dur=durations, names=names, phases=phases,
         base_level=base_level.astype(np.int64), peak_inc=peak_inc,
         tensor=fms["tensor"].to_numpy(np.int64), index=index, nbytes=nbytes,
         producer=fms["producer"].to_numpy(np.int64), last_fwd=last_fwd,
-        bwd_need=[sorted(int(k) for k in c) for c in fms["bwd_consumers"]],
+        bwd_need=bwd_need, bwd_first=np.array([v[0] for v in bwd_need], np.int64),
+        bwd_end=np.array([v[-1] + 1 for v in bwd_need], np.int64),
         so_s=so_s, si_s=si_s, rc_s=fms["recompute_s"].to_numpy(float), rc_extra=rc_extra,
         src_fm=src_fm, can=fms[["can_keep", "can_swap", "can_recompute"]].to_numpy(bool),
         why_not=list(fms["why_not"]), conv_bwd=conv_bwd,
@@ -169,7 +173,8 @@ class Lifetimes:
     """The static part of a classification: needs, recompute points, final drops."""
 
     codes: np.ndarray           # (m,) KEEP / SWAP / RECOMPUTE
-    need: list[list[int]]       # ops (backward ops and recompute points) that read each map
+    need: list[list[int]]       # ops (backward ops and recompute points) that read each map;
+                                # read-only: maps without recompute points share the model's
     first: np.ndarray           # (m,) first backward need
     end: np.ndarray             # (m,) boundary where it is dropped for good
     rc_point: np.ndarray        # (m,) boundary where a recompute-class map is rebuilt, else -1
@@ -177,17 +182,21 @@ class Lifetimes:
 
 def lifetimes(model: SimModel, codes: np.ndarray) -> Lifetimes:
     """Needs including recompute sources: recomputing Y at its first need reads its sources."""
-    need = [list(v) for v in model.bwd_need]
+    need = list(model.bwd_need)               # a map's list is copied before it grows
+    first, end = model.bwd_first.tolist(), model.bwd_end.tolist()
     rc_point = np.full(model.m, -1, np.int64)
-    for i in range(model.m - 1, -1, -1):      # descendants first: sources have smaller ids
-        if codes[i] == RECOMPUTE:
-            point = min(need[i])
-            rc_point[i] = point
-            for s in model.src_fm[i]:
-                need[s].append(point)
-    first = np.array([min(v) for v in need], np.int64)
-    end = np.array([max(v) + 1 for v in need], np.int64)
-    return Lifetimes(codes, need, first, end, rc_point)
+    grown: set[int] = set()
+    for i in np.flatnonzero(codes == RECOMPUTE)[::-1].tolist():   # descendants first:
+        point = first[i]                                          # sources have smaller ids
+        rc_point[i] = point
+        for s in model.src_fm[i]:
+            if s not in grown:
+                need[s] = list(need[s])
+                grown.add(s)
+            need[s].append(point)
+            first[s] = min(first[s], point)
+            end[s] = max(end[s], point + 1)
+    return Lifetimes(codes, need, np.array(first, np.int64), np.array(end, np.int64), rc_point)
 
 
 def static_top(model: SimModel, life: Lifetimes, minimal: bool) -> tuple[np.ndarray, np.ndarray]:

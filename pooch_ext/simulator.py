@@ -159,7 +159,11 @@ def run(model: SimModel, codes: np.ndarray, timing: str = "early", budget: float
     life = lifetimes(model, codes)
     level, top = static_top(model, life, minimal=False)
     nbytes, end, first = model.nbytes, life.end, life.first
-    so_s, si_s, dur = model.so_s, model.si_s, model.dur
+    # Python lists and floats for the scalar work below: numpy scalars are several times
+    # slower one at a time, and the search runs this thousands of times
+    so_s, si_s, dur, rc_s = (model.so_s.tolist(), model.si_s.tolist(), model.dur.tolist(),
+                             model.rc_s.tolist())
+    last_fwd, first_at, end_at = model.last_fwd.tolist(), first.tolist(), end.tolist()
     unlimited = not math.isfinite(budget)
     vdnn = timing == "vdnn"
 
@@ -169,27 +173,26 @@ def run(model: SimModel, codes: np.ndarray, timing: str = "early", budget: float
     free_at: dict[int, list[int]] = {}
     src_wait_at: dict[int, list[int]] = {}
     op_wait_at: dict[int, list[int]] = {}
-    for i in range(m):
-        c = codes[i]
-        free_at.setdefault(int(end[i]), []).append(i)
+    for i, c in enumerate(codes.tolist()):
+        free_at.setdefault(end_at[i], []).append(i)
         if c == SWAP:
             so_at.setdefault(int(model.producer[i]) + 1, []).append(i)
             as_source = set(life.need[i]) - set(model.bwd_need[i])
             for b in sorted(set(life.need[i])):
                 (src_wait_at if b in as_source else op_wait_at).setdefault(b, []).append(i)
         elif c == RECOMPUTE:
-            free_at.setdefault(int(model.last_fwd[i]) + 1, []).append(i)
+            free_at.setdefault(last_fwd[i] + 1, []).append(i)
             rc_at.setdefault(int(life.rc_point[i]), []).append(i)
     swapped = [i for i in range(m) if codes[i] == SWAP]
-    queue = sorted(swapped, key=lambda i: (first[i], i))
+    queue = sorted(swapped, key=lambda i: (first_at[i], i))
     target = _swap_in_targets(model, timing, queue, first)
     conv_bwd = model.conv_bwd
 
-    so_done = np.zeros(m)
-    si_done = np.full(m, math.inf)
-    released = np.zeros(m, bool)
-    stall_d2h = np.zeros(m)
-    stall_h2d = np.zeros(m)
+    so_done = [0.0] * m
+    si_done = [math.inf] * m
+    released = [False] * m
+    stall_d2h = [0.0] * m
+    stall_h2d = [0.0] * m
     l_out: set[int] = set()
     l_in: set[int] = set()
     inflight: deque[int] = deque()      # swap-outs not yet released, in copy order
@@ -201,10 +204,15 @@ def run(model: SimModel, codes: np.ndarray, timing: str = "early", budget: float
     sync_prev: list[int] = []           # vDNN: prefetches the next op synchronizes on
     rec = _Recorder(n) if record else None
 
+    releases = 0                        # counts top's decreases (room() memo)
+    blocked = (-1, -1, -1)              # (map, boundary of the peak that blocked it, releases)
+
     def release(i: int, b: int) -> None:
+        nonlocal releases
+        releases += 1
         released[i] = True
-        top[b:end[i]] -= nbytes[i]
-        level[b:end[i]] -= nbytes[i]
+        top[b:end_at[i]] -= nbytes[i]
+        level[b:end_at[i]] -= nbytes[i]
         if rec:
             rec.action(b, "release", i)
 
@@ -212,14 +220,14 @@ def run(model: SimModel, codes: np.ndarray, timing: str = "early", budget: float
         nonlocal done_wait
         while inflight and so_done[inflight[0]] <= t + EPS:
             i = inflight.popleft()
-            if model.last_fwd[i] < b:
+            if last_fwd[i] < b:
                 release(i, b)
             else:
                 done_wait.append(i)
         if done_wait:
             keep = []
             for i in done_wait:
-                if model.last_fwd[i] < b:
+                if last_fwd[i] < b:
                     release(i, b)
                 else:
                     keep.append(i)
@@ -237,19 +245,31 @@ def run(model: SimModel, codes: np.ndarray, timing: str = "early", budget: float
     def force_release(b: int, need: float) -> bool:
         """Release pending swap-outs in copy order until ``need`` bytes fit; stall compute."""
         while top[b] + need > budget:
-            i = next((j for j in inflight if model.last_fwd[j] < b), -1)
+            i = next((j for j in inflight if last_fwd[j] < b), -1)
             if i < 0:
                 return False
             wait_swap_out(i, b)
         return True
 
     def room(i: int, b: int) -> bool:
-        return unlimited or top[b:end[i]].max() + nbytes[i] <= budget
+        """Whether map i fits from boundary b to its last use. A map blocked by a peak that
+        is still ahead, with no release since, is still blocked (swap-ins only add bytes)."""
+        nonlocal blocked
+        if unlimited:
+            return True
+        if blocked[0] == i and blocked[1] >= b and blocked[2] == releases:
+            return False
+        window = top[b:end_at[i]]
+        k = int(window.argmax())
+        if window[k] + nbytes[i] <= budget:
+            return True
+        blocked = (i, b + k, releases)
+        return False
 
     def swap_in(i: int, b: int) -> None:
         nonlocal h2d_free
-        top[b:end[i]] += nbytes[i]
-        level[b:end[i]] += nbytes[i]
+        top[b:end_at[i]] += nbytes[i]
+        level[b:end_at[i]] += nbytes[i]
         start = max(t, h2d_free)
         h2d_free = si_done[i] = start + si_s[i]
         if rec:
@@ -281,9 +301,10 @@ def run(model: SimModel, codes: np.ndarray, timing: str = "early", budget: float
             if rec:
                 rec.action(b, "swap_out", i)
                 rec.transfer(i, "d2h", b, start, d2h_free)
-        release_done(b)
+        if inflight or done_wait:
+            release_done(b)
         if vdnn:   # vDNN offload: compute waits for the copy at the end of the layer
-            for i in [j for j in inflight if model.last_fwd[j] < b]:
+            for i in [j for j in inflight if last_fwd[j] < b]:
                 if not released[i]:
                     wait_swap_out(i, b)
         if b < n and not unlimited and top[b] > budget and not force_release(b, 0) and not overflow:
@@ -298,11 +319,11 @@ def run(model: SimModel, codes: np.ndarray, timing: str = "early", budget: float
                 window_end = int(conv_bwd[pos]) if pos < len(conv_bwd) else n
             while qpos < len(queue):
                 i = queue[qpos]
-                forced = first[i] == b
+                forced = first_at[i] == b
                 if not forced:
                     if target[i] > b:
                         break
-                    if vdnn and first[i] > window_end:   # one prefetch per op, in the window
+                    if vdnn and first_at[i] > window_end:   # one prefetch per op, in the window
                         break
                 if not released[i]:
                     if not forced:
@@ -327,14 +348,14 @@ def run(model: SimModel, codes: np.ndarray, timing: str = "early", budget: float
                 wait_for(i, b)
             for i in rc_at[b]:
                 start = t
-                t += model.rc_s[i]
+                t += rc_s[i]
                 if rec:
                     rec.action(b, "recompute", i)
                     rec.recompute(i, b, start, t)
         for i in op_wait_at.get(b, ()):
             wait_for(i, b)
         for i in sync_prev:
-            if first[i] != b:
+            if first_at[i] != b:
                 wait_for(i, b)
         sync_prev = sync_now
         if b < n:
@@ -351,7 +372,7 @@ def run(model: SimModel, codes: np.ndarray, timing: str = "early", budget: float
     feasible = unlimited or peak <= budget
     reason = "" if feasible else (overflow or f"peak {peak} bytes exceeds the budget {int(budget)}")
     result = RunResult(t, feasible, peak, reason, forward_end, sorted(l_out), sorted(l_in),
-                       stall_d2h, stall_h2d, delayed)
+                       np.array(stall_d2h), np.array(stall_h2d), delayed)
     if rec:
         result.trace = rec.finish(level, top)
     return result

@@ -44,6 +44,9 @@ class SearchStats:
     simulations: int = 0
     recompute_rounds: int = 0
     r: dict[int, float] = field(default_factory=dict)   # tensor id -> last r(X) computed
+    refine_simulations: int = 0
+    seed_times: dict[str, float] = field(default_factory=dict)   # budgeted time of each seed
+    seed: str = ""              # the seed whose refinement won
     seconds: float = 0.0
 
 
@@ -191,66 +194,152 @@ def recompute_step(model: SimModel, codes: np.ndarray, budget: int,
     return codes, stats
 
 
-def refine(model: SimModel, codes: np.ndarray, budget: int, max_simulations: int = 400,
-           stats: SearchStats | None = None) -> tuple[np.ndarray, SearchStats]:
+# the refinement's work limit: simulated op boundaries (simulations x ops), so the time it
+# takes is about the same whatever the depth; deep networks still get MIN_REFINE_SIMULATIONS
+REFINE_WORK = 1_000_000
+MIN_REFINE_SIMULATIONS = 400
+
+
+def refine_budget(model: SimModel) -> int:
+    """How many simulations the refinement may spend on ``model`` (about a second or two)."""
+    return max(MIN_REFINE_SIMULATIONS, REFINE_WORK // max(1, model.n))
+
+
+def refine(model: SimModel, codes: np.ndarray, budget: int, max_simulations: int | None = None,
+           stats: SearchStats | None = None,
+           evaluator: _Evaluator | None = None) -> tuple[np.ndarray, SearchStats]:
     """Step 3 (ours, not the paper's): local search on the budgeted time.
 
     The two paper steps decide keep before recompute exists, so memory can end up holding
-    maps that are cheap to rebuild while expensive ones are swapped. Moves, first
-    improvement, until none improves or ``max_simulations`` are spent: switch a swapped map
-    to recompute or a recomputed one to swap; demote a kept map (to recompute or swap) and
-    refill the memory it frees with other maps, output side first, wherever they fit.
+    maps that are cheap to rebuild while expensive ones are swapped. Moves: switch a swapped
+    map to recompute or a recomputed one to swap; demote a kept map (to recompute or swap)
+    and refill the memory it frees with other maps, output side first, wherever they fit;
+    change every map of a group at once: coordinated moves no single change reaches, such as
+    keeping one map and rebuilding another instead. The groups widen in phases, each run
+    until it finds nothing: neighbouring pairs, then neighbouring triples, then, where a
+    round of them costs no more than the simulation limit (small networks), any two maps.
+    First improvement, and the scan goes on after the improving move instead of starting
+    over, so simulations go to moves not yet tried since the last change. Ends when the
+    widest phase finds nothing or ``max_simulations`` (default ``refine_budget``) new
+    simulations are spent.
     """
     started = time.perf_counter()
     stats = stats or SearchStats()
-    ev = _Evaluator(model, budget, stats)
+    ev = evaluator or _Evaluator(model, budget, stats)
+    limit = refine_budget(model) if max_simulations is None else max_simulations
+    first_simulation = ev.stats.simulations
     best_time = ev.time(codes)
-    budget_left = max_simulations
-    if best_time <= model.dur.sum() * (1 + 1e-12):   # already at the in-core time
-        return codes, stats
-
-    def moves(codes: np.ndarray):
-        for i in np.argsort(-model.tensor):
-            c = codes[i]
-            if c == SWAP and model.can[i, 2]:
-                yield [(i, RECOMPUTE)], False
-            elif c == RECOMPUTE and model.can[i, 1]:
-                yield [(i, SWAP)], False
-        kept = [i for i in range(model.m) if codes[i] == KEEP]
-        for i in sorted(kept, key=lambda j: model.rc_s[j] if model.can[j, 2] else math.inf):
-            for c in (RECOMPUTE, SWAP):
-                if model.can[i, c]:
-                    yield [(i, c)], True
-        # several neighbouring maps at once (pairs, then triples): coordinated moves no
-        # single change reaches, e.g. recompute one map and swap its source instead
-        for width in (2, 3):
-            for lo in range(model.m - width + 1):
-                window = range(lo, lo + width)
-                options = [[c for c in range(3) if model.can[i, c]] for i in window]
-                for combo in itertools.product(*options):
-                    if all(c != codes[i] for i, c in zip(window, combo)):
-                        yield list(zip(window, combo)), False
-
-    improved = True
-    while improved and budget_left > 0:
-        improved = False
-        for change, refill in moves(codes):
-            trial = codes.copy()
-            for i, c in change:
-                trial[i] = c
-            if refill:
-                trial = _refill(model, trial, budget, exclude={i for i, _ in change})
-            if not fits(model, trial, budget):
+    floor = in_core_time(model)
+    phases = [_windows(model, 2), _windows(model, 2) + _windows(model, 3)]
+    if 9 * model.m * (model.m - 1) // 2 <= limit:
+        phases.append(None)      # any two maps, built only if reached
+    for groups in phases:
+        if best_time <= floor or ev.stats.simulations - first_simulation >= limit:
+            break
+        if groups is None:
+            groups = [(i, j) for i in range(model.m) for j in range(i + 1, model.m)]
+            groups += _windows(model, 3)
+        slots = _moves(model, groups)
+        pos = since = 0
+        while since < len(slots) and best_time > floor:
+            if ev.stats.simulations - first_simulation >= limit:
+                break
+            trial = _apply(model, codes, slots[pos], budget)
+            pos, since = (pos + 1) % len(slots), since + 1
+            if trial is None or not fits(model, trial, budget):
                 continue
-            budget_left -= 1
             t = ev.time(trial)
             if t < best_time * (1 - 1e-9):
-                codes, best_time, improved = trial, t, True
-                break
-            if budget_left <= 0:
-                break
+                codes, best_time, since = trial, t, 0
+    stats.refine_simulations += ev.stats.simulations - first_simulation
     stats.seconds += time.perf_counter() - started
     return codes, stats
+
+
+def in_core_time(model: SimModel) -> float:
+    """Every op back to back (with rounding slack): no plan can be faster."""
+    return float(model.dur.sum()) * (1 + 1e-12)
+
+
+def _windows(model: SimModel, width: int) -> list[tuple[int, ...]]:
+    """Every run of ``width`` neighbouring maps (in tensor order)."""
+    return [tuple(range(lo, lo + width)) for lo in range(model.m - width + 1)]
+
+
+def _moves(model: SimModel, groups: list[tuple[int, ...]]) -> list[tuple]:
+    """Every move of the refinement in scan order; whether one applies depends on the classes.
+
+    ("flip", i): swap <-> recompute; ("demote", i, c): a kept map to class c, then refill
+    (cheapest rebuilds first); ("group", maps, combo): each of ``maps`` takes its class in
+    ``combo`` (applies only where every one of them changes).
+    """
+    slots: list[tuple] = [("flip", int(i)) for i in np.argsort(-model.tensor)]
+    cheapest = sorted(range(model.m),
+                      key=lambda j: model.rc_s[j] if model.can[j, RECOMPUTE] else math.inf)
+    slots += [("demote", i, c) for i in cheapest for c in (RECOMPUTE, SWAP)]
+    combos = {}
+    for group in groups:
+        width = len(group)
+        if width not in combos:
+            combos[width] = list(itertools.product((KEEP, SWAP, RECOMPUTE), repeat=width))
+        slots += [("group", group, combo) for combo in combos[width]]
+    return slots
+
+
+def _apply(model: SimModel, codes: np.ndarray, move: tuple, budget: int) -> np.ndarray | None:
+    """The classes after ``move``, or None where it does not apply to ``codes``."""
+    kind = move[0]
+    if kind == "flip":
+        i = move[1]
+        new = {SWAP: RECOMPUTE, RECOMPUTE: SWAP}.get(int(codes[i]))
+        if new is None or not model.can[i, new]:
+            return None
+        trial = codes.copy()
+        trial[i] = new
+        return trial
+    if kind == "demote":
+        i, new = move[1], move[2]
+        if codes[i] != KEEP or not model.can[i, new]:
+            return None
+        trial = codes.copy()
+        trial[i] = new
+        return _refill(model, trial, budget, exclude={i})
+    group, combo = move[1], move[2]
+    if any(codes[j] == c or not model.can[j, c] for j, c in zip(group, combo)):
+        return None
+    trial = codes.copy()
+    trial[list(group)] = combo
+    return trial
+
+
+def multi_start(model: SimModel, seeds: dict[str, np.ndarray | None], budget: int,
+                max_simulations: int | None = None,
+                stats: SearchStats | None = None) -> tuple[np.ndarray, SearchStats]:
+    """Refine several starting plans, fastest under the budget first, while simulations are
+    left; the fastest result wins.
+
+    A local search ends in the local optimum of the basin it starts in, and which basin the
+    paper's steps land in depends on the link: on slow links they start from all-swap and
+    keep maps whose swaps nothing can hide. Seeds from other regions (a recompute-only
+    checkpoint plan, whose time does not depend on the link at all) give the refinement
+    starting points that a slower link does not spoil, so the result cannot fall below them.
+    """
+    stats = stats or SearchStats()
+    ev = _Evaluator(model, budget, stats)
+    limit = refine_budget(model) if max_simulations is None else max_simulations
+    ready = {name: codes for name, codes in seeds.items() if codes is not None}
+    stats.seed_times = {name: ev.time(codes) for name, codes in ready.items()}
+    best, best_time = None, math.inf
+    spent = stats.refine_simulations
+    for name in sorted(ready, key=lambda k: stats.seed_times[k]):
+        left = limit - (stats.refine_simulations - spent)
+        if best is not None and (left <= 0 or best_time <= in_core_time(model)):
+            break
+        codes, _ = refine(model, ready[name], budget, left, stats, ev)
+        t = ev.time(codes)
+        if best is None or t < best_time:
+            best, best_time, stats.seed = codes, t, name
+    return best, stats
 
 
 def _refill(model: SimModel, codes: np.ndarray, budget: int, exclude: set[int]) -> np.ndarray:

@@ -26,18 +26,28 @@ def checkpoint_codes(model, spacing: int) -> np.ndarray:
     return codes
 
 
+def best_checkpoints(model, budget: int, max_spacing: int | None = None) -> np.ndarray | None:
+    """The fastest checkpoint spacing up to ``max_spacing`` (None: every spacing) that fits
+    ``budget`` (ties: the one nearest sqrt(n)); None when none fits. No map is swapped, so
+    its time does not depend on the link."""
+    root = max(1, round(math.sqrt(model.m)))
+    last = model.m + 1 if max_spacing is None else min(max_spacing, model.m + 1)
+    best, best_time = None, math.inf
+    for spacing in sorted(range(1, last + 1), key=lambda k: (abs(k - root), k)):
+        codes = checkpoint_codes(model, spacing)
+        if fits(model, codes, budget):
+            t = run(model, codes, "early", budget).time_s
+            if t < best_time:
+                best, best_time = codes, t
+    return best
+
+
 def classify(profile, budget=None, link=None) -> Plan:
     ctx = Context(profile, budget, link, "sqrt-n")
     model = ctx.model
-    root = max(1, round(math.sqrt(model.m)))
-    best, best_time = None, math.inf
-    for spacing in sorted(set(range(1, model.m + 2)), key=lambda k: (abs(k - root), k)):
-        codes = checkpoint_codes(model, spacing)
-        if fits(model, codes, ctx.budget):
-            t = run(model, codes, "early", ctx.budget).time_s
-            if t < best_time:
-                best, best_time = codes, t
+    best = best_checkpoints(model, ctx.budget)
     if best is None:
+        root = max(1, round(math.sqrt(model.m)))
         plan = ctx.plan(checkpoint_codes(model, root), "early")
         plan.feasible = False
         plan.reason = "no checkpoint spacing fits the budget with recomputation alone"
