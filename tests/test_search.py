@@ -7,7 +7,7 @@ import pytest
 
 from pooch_ext.links import Link
 from pooch_ext.policies import get_policy
-from pooch_ext.policies.search import SearchStats, multi_start, refine
+from pooch_ext.policies.search import SearchStats, keep_swap, multi_start, refine
 from pooch_ext.policies.sqrt_n import best_checkpoints, checkpoint_codes
 from pooch_ext.simmodel import KEEP, compile_profile, codes_of
 from pooch_ext.simulator import fits, minimum_budget, run, tightest_codes
@@ -78,16 +78,17 @@ def test_refine_stays_within_its_limit_and_ends_at_a_local_optimum():
     assert again_stats.refine_simulations > 0
 
 
-def test_multi_start_refines_the_fastest_seed_first_and_skips_missing_ones():
+def test_multi_start_shares_its_limit_and_skips_missing_seeds():
     profile = random_profile(3, n_layers=12)
     budget = budget_at(profile, 0.1)
     model = compile_profile(profile, Link("2GB/s", 2 * GB, 2 * GB))
-    seeds = {"all swap": tightest_codes(model), "none": None}
+    kept, _ = keep_swap(model, budget)
+    seeds = {"all swap": tightest_codes(model), "step 1": kept, "none": None}
     stats = SearchStats()
-    codes, _ = multi_start(model, seeds, budget, max_simulations=1, stats=stats)
-    assert set(stats.seed_times) == {"all swap"} and stats.seed == "all swap"
-    assert stats.refine_simulations <= 1
-    assert budgeted_time(model, codes, budget) <= stats.seed_times["all swap"]
+    codes, _ = multi_start(model, seeds, budget, max_simulations=40, stats=stats)
+    assert set(stats.seed_times) == {"all swap", "step 1"} and stats.seed in stats.seed_times
+    assert 0 < stats.refine_simulations <= 40
+    assert budgeted_time(model, codes, budget) < min(stats.seed_times.values())
 
 
 def test_best_checkpoints_respects_the_spacing_limit():

@@ -2,9 +2,9 @@
 
 Steps 1 and 2 are the paper's (policies/search.py); step 3 is ours: a local search on the
 budgeted time that repairs what the two-step order cannot see (keeps chosen before recompute
-exists). It refines several starting plans, fastest first while its simulation limit lasts,
-and keeps the fastest result (search.multi_start): the paper's two steps; step 1 alone (r(X)
-ignores the budget, so step 2 can lose time under it); the fastest checkpoint plan
+exists). It refines several starting plans, a little each and then the most promising one
+with the rest of its simulation limit (search.multi_start): the paper's two steps; step 1
+alone (r(X) ignores the budget, so step 2 can lose time under it); the fastest checkpoint plan
 (policies/sqrt_n.py), which swaps nothing and so is as fast on a slow link as on a fast one;
 and all-swap, where step 1 itself starts. On slow links the paper's steps start far from a
 good plan (ResNet-50 on an H100 at 8 GB/s: 0.28 of in-core speed, recomputation alone 0.79),

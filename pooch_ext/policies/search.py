@@ -315,30 +315,36 @@ def _apply(model: SimModel, codes: np.ndarray, move: tuple, budget: int) -> np.n
 def multi_start(model: SimModel, seeds: dict[str, np.ndarray | None], budget: int,
                 max_simulations: int | None = None,
                 stats: SearchStats | None = None) -> tuple[np.ndarray, SearchStats]:
-    """Refine several starting plans, fastest under the budget first, while simulations are
-    left; the fastest result wins.
+    """Refine several starting plans; the fastest result wins.
 
     A local search ends in the local optimum of the basin it starts in, and which basin the
     paper's steps land in depends on the link: on slow links they start from all-swap and
-    keep maps whose swaps nothing can hide. Seeds from other regions (a recompute-only
-    checkpoint plan, whose time does not depend on the link at all) give the refinement
-    starting points that a slower link does not spoil, so the result cannot fall below them.
+    keep maps whose swaps nothing can hide, far from a good plan. Seeds from other regions
+    (a recompute-only checkpoint plan, whose time does not depend on the link at all) give
+    starting points a slower link does not spoil. The simulations are shared out in two
+    rounds: every seed (fastest first) gets a short refinement of ``limit / (2 x seeds)``,
+    then the best result so far gets all that is left. A seed's own time says little about
+    its basin (the checkpoint plan often starts fastest and ends slowest), a short
+    refinement says much more.
     """
     stats = stats or SearchStats()
     ev = _Evaluator(model, budget, stats)
     limit = refine_budget(model) if max_simulations is None else max_simulations
     ready = {name: codes for name, codes in seeds.items() if codes is not None}
     stats.seed_times = {name: ev.time(codes) for name, codes in ready.items()}
-    best, best_time = None, math.inf
     spent = stats.refine_simulations
+    share = limit // (2 * max(1, len(ready)))
+    best, best_time = None, math.inf
     for name in sorted(ready, key=lambda k: stats.seed_times[k]):
-        left = limit - (stats.refine_simulations - spent)
-        if best is not None and (left <= 0 or best_time <= in_core_time(model)):
-            break
-        codes, _ = refine(model, ready[name], budget, left, stats, ev)
+        codes, _ = refine(model, ready[name], budget, share, stats, ev)
         t = ev.time(codes)
         if best is None or t < best_time:
             best, best_time, stats.seed = codes, t, name
+        if best_time <= in_core_time(model):
+            return best, stats
+    left = limit - (stats.refine_simulations - spent)
+    if best is not None and left > 0:
+        best, _ = refine(model, best, budget, left, stats, ev)
     return best, stats
 
 
