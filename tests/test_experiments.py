@@ -76,6 +76,16 @@ def test_table3(tmp_path):
     assert set(plan["class"]) <= {"keep", "swap", "recompute"} and len(plan) == 15
 
 
+def test_table3_paper_counts_only_where_the_paper_gives_them():
+    import table3_classification as t3
+
+    assert t3.paper_counts("resnet50", 512, "pooch", "pcie3") == (66, 12, 27)
+    assert t3.paper_counts("resnet50", 512, "pooch-paper", "nvlink2") == (66, 36, 3)
+    # a link the paper did not measure has no counts (was a KeyError for pooch-paper)
+    assert t3.paper_counts("resnet50", 512, "pooch-paper", "pcie5") is None
+    assert t3.paper_counts("alexnet", 512, "pooch", "pcie3") is None
+
+
 def test_fig21_22(tmp_path):
     import fig21_22_resnext3d as fig
 
