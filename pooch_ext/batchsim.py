@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from pooch_ext.simmodel import KEEP, RECOMPUTE, SWAP, Lifetimes, SimModel, lifetimes
-
-EPS = 1e-12
+from pooch_ext.simmodel import (KEEP, RECOMPUTE, SWAP, Lifetimes, SimModel, lifetimes,
+                                swap_waits)
+from pooch_ext.simulator import EPS   # the same tolerance, or the times would differ
 
 
 def _variant_needs(model: SimModel, life: Lifetimes, codes: np.ndarray, x: int
@@ -93,12 +93,7 @@ def variant_times(model: SimModel, codes: np.ndarray, changes: list[tuple[int, i
     si_done = np.full((V, m), -np.inf)
     vidx = np.arange(V)
 
-    base_src: dict[int, list[int]] = {}
-    base_op: dict[int, list[int]] = {}
-    for i in np.flatnonzero(codes == SWAP):
-        as_source = set(life.need[i]) - set(model.bwd_need[i])
-        for b in set(life.need[i]):
-            (base_src if b in as_source else base_op).setdefault(b, []).append(int(i))
+    base_src, base_op = swap_waits(model, life)
     extra = {b: (np.array([v for v, _ in pairs]), np.array([s for _, s in pairs]))
              for b, pairs in extra_waits.items()}
     src_arr = {b: np.array(v) for b, v in base_src.items()}

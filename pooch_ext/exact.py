@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pooch_ext.simmodel import KEEP, NAME, RECOMPUTE, SWAP, SimModel
-from pooch_ext.simulator import fits, run
+from pooch_ext.simulator import fits, run, tightest_codes
 
 MAX_MAPS = 16
 
@@ -51,8 +51,6 @@ def exact_best(model: SimModel, budget: int, timing: str = "early") -> ExactResu
     m = model.m
     sims = 0
     best_time, best = math.inf, None
-    # the tightest class of each map (swap, else recompute, else keep) for memory bounds
-    tight = np.where(model.can[:, 1], SWAP, np.where(model.can[:, 2], RECOMPUTE, KEEP))
     order = list(np.argsort(-model.tensor))   # output side first: small holes, fast incumbents
 
     def timed(codes: np.ndarray, budgeted: bool) -> float:
@@ -101,7 +99,7 @@ def exact_best(model: SimModel, budget: int, timing: str = "early") -> ExactResu
             trial[i] = SWAP if model.can[i, SWAP] else KEEP
             outer(trial, k + 1)
 
-    outer(tight.copy(), 0)
+    outer(tightest_codes(model), 0)   # undecided maps hold their tightest class
     if best is None:
         raise ValueError("no classification fits the budget")
     return ExactResult(best, best_time, sims, time.perf_counter() - started)

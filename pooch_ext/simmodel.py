@@ -199,6 +199,20 @@ def lifetimes(model: SimModel, codes: np.ndarray) -> Lifetimes:
     return Lifetimes(codes, need, np.array(first, np.int64), np.array(end, np.int64), rc_point)
 
 
+def swap_waits(model: SimModel, life: Lifetimes) -> tuple[dict[int, list[int]],
+                                                           dict[int, list[int]]]:
+    """Where compute waits for the swap-in of each swapped map, as {boundary: maps}: first
+    where a recompute reads it as a source (the wait comes before the recompute), then
+    where an op needs it itself (after any recompute there)."""
+    as_source: dict[int, list[int]] = {}
+    as_need: dict[int, list[int]] = {}
+    for i in np.flatnonzero(life.codes == SWAP).tolist():
+        own = set(model.bwd_need[i])
+        for b in set(life.need[i]):
+            (as_need if b in own else as_source).setdefault(b, []).append(i)
+    return as_source, as_need
+
+
 def static_top(model: SimModel, life: Lifetimes, minimal: bool) -> tuple[np.ndarray, np.ndarray]:
     """(level, top) per boundary from the static lifetimes; top = level + peak inside the op.
 

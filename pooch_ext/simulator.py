@@ -37,7 +37,7 @@ from pooch_ext.plan import Plan
 from pooch_ext.profile import Profile
 from pooch_ext.units import parse_bytes
 from pooch_ext.simmodel import (KEEP, RECOMPUTE, SWAP, SimModel, codes_of, compile_profile,
-                                lifetimes, static_top)
+                                lifetimes, static_top, swap_waits)
 
 EPS = 1e-12
 
@@ -171,18 +171,14 @@ def run(model: SimModel, codes: np.ndarray, timing: str = "early", budget: float
     so_at: dict[int, list[int]] = {}
     rc_at: dict[int, list[int]] = {}
     free_at: dict[int, list[int]] = {}
-    src_wait_at: dict[int, list[int]] = {}
-    op_wait_at: dict[int, list[int]] = {}
     for i, c in enumerate(codes.tolist()):
         free_at.setdefault(end_at[i], []).append(i)
         if c == SWAP:
             so_at.setdefault(int(model.producer[i]) + 1, []).append(i)
-            as_source = set(life.need[i]) - set(model.bwd_need[i])
-            for b in sorted(set(life.need[i])):
-                (src_wait_at if b in as_source else op_wait_at).setdefault(b, []).append(i)
         elif c == RECOMPUTE:
             free_at.setdefault(last_fwd[i] + 1, []).append(i)
             rc_at.setdefault(int(life.rc_point[i]), []).append(i)
+    src_wait_at, op_wait_at = swap_waits(model, life)
     swapped = [i for i in range(m) if codes[i] == SWAP]
     queue = sorted(swapped, key=lambda i: (first_at[i], i))
     target = _swap_in_targets(model, timing, queue, first)

@@ -25,9 +25,7 @@ import numpy as np
 
 from pooch_ext.batchsim import variant_times
 from pooch_ext.simmodel import KEEP, RECOMPUTE, SWAP, SimModel, lifetimes, static_top
-from pooch_ext.simulator import fits, run
-
-EPS = 1e-12
+from pooch_ext.simulator import EPS, fits, run, tightest_codes
 
 
 @dataclass
@@ -98,12 +96,12 @@ class _KeepRoom:
 
 def keep_swap(model: SimModel, budget: int, max_depth: int = 8,
               stats: SearchStats | None = None) -> tuple[np.ndarray, SearchStats]:
-    """Step 1: the keep / swap classification (swap where a map may not be kept or swapped
-    follows simulator.tightest_codes)."""
+    """Step 1: the keep / swap classification, starting from all-swap
+    (simulator.tightest_codes: where a map may not be swapped, recompute or keep)."""
     started = time.perf_counter()
     stats = stats or SearchStats()
     ev = _Evaluator(model, budget, stats)
-    base = np.where(model.can[:, 1], SWAP, np.where(model.can[:, 2], RECOMPUTE, KEEP))
+    base = tightest_codes(model)
     first = ev.run(base)
     swappable = {i for i in range(model.m) if base[i] == SWAP and model.can[i, 0]}
     l_in = [i for i in first.l_in if i in swappable]
