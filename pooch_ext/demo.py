@@ -58,7 +58,12 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--cpu", action="store_true", help="use the host-simulated device even "
                                                            "where a GPU is present")
     parser.add_argument("--out", type=Path, default=OUT)
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.profile_iters < 1 or args.iters < args.profile_iters + 2:
+        # the first planned iteration also classifies: speeds are medians of the ones after it
+        parser.error(f"--iters must be at least --profile-iters + 2 (and --profile-iters at "
+                     f"least 1), got --iters {args.iters} --profile-iters {args.profile_iters}")
+    return args
 
 
 def _plot_losses(path: Path, plain: list[float], pooch: list[float], profile_iters: int,
@@ -91,7 +96,6 @@ def _plot_timeline(path: Path, pooch) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
-    import pooch_ext  # noqa: F401
     from tqdm import tqdm
 
     from pooch_ext.hooks.training import model_state, states_equal, train_side_by_side

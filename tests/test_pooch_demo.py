@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from pooch_ext.demo import main, teacher_batches
 from pooch_ext.profile import Profile
 
@@ -26,3 +28,10 @@ def test_teacher_labels_vary_and_batches_cycle():
     batches = teacher_batches(10, 16, (3, 8, 8), 10, distinct=4)
     assert batches[4][0] is batches[0][0]
     assert len(set(batches[0][1].tolist())) > 2
+
+
+def test_too_few_iterations_for_a_planned_one_are_refused_up_front(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--iters", "3", "--profile-iters", "2", "--cpu"])
+    assert exit_info.value.code == 2
+    assert "--iters must be at least --profile-iters + 2" in capsys.readouterr().err
