@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from pooch_ext.errors import BudgetTooSmallError
 from pooch_ext.links import Link
 from pooch_ext.plan import Plan
 from pooch_ext.profile import Profile
@@ -98,7 +99,7 @@ def simulate(profile: Profile, plan: Plan, link: Link | str | None = None,
     from pooch_ext.classtable import plan_table
 
     model = compile_profile(profile, link)
-    budget_bytes = int(profile.device.capacity_bytes if budget is None else parse_bytes(budget))
+    budget_bytes = resolve_budget(profile, budget)
     codes = codes_of(model, plan.classes)
     result = run(model, codes, plan.swap_in_timing, budget_bytes, record=True)
     timeline = _timeline(model, result, budget_bytes, plan.swap_in_timing)
@@ -115,13 +116,26 @@ def simulate(profile: Profile, plan: Plan, link: Link | str | None = None,
     return timeline
 
 
+def resolve_budget(profile: Profile, budget: int | str | None) -> int:
+    """A budget in bytes (an int, or a string such as "16GiB"); None is the device capacity."""
+    return int(profile.device.capacity_bytes if budget is None else parse_bytes(budget))
+
+
+def require_budget(profile: Profile, budget: int | str | None, what: str = "") -> int:
+    """``resolve_budget``, refusing one below ``minimum_budget`` with BudgetTooSmallError
+    (``what``: who asked, for the message)."""
+    budget_bytes = resolve_budget(profile, budget)
+    minimum = minimum_budget(profile)
+    if budget_bytes < minimum:
+        raise BudgetTooSmallError(budget_bytes, minimum, what)
+    return budget_bytes
+
+
 def minimum_budget(profile: Profile) -> int:
     """The smallest budget any plan can run in: every map swapped (or, where it may not be,
     recomputed or kept), each present only while an op reads it."""
     model = compile_profile(profile)
-    codes = tightest_codes(model)
-    _, top = static_top(model, lifetimes(model, codes), minimal=True)
-    return int(top.max())
+    return least_peak(model, tightest_codes(model))
 
 
 def tightest_codes(model: SimModel) -> np.ndarray:
@@ -129,10 +143,16 @@ def tightest_codes(model: SimModel) -> np.ndarray:
     return np.where(model.can[:, 1], SWAP, np.where(model.can[:, 2], RECOMPUTE, KEEP))
 
 
+def least_peak(model: SimModel, codes: np.ndarray) -> int:
+    """The lowest peak any schedule of these classes reaches (the simulator reaches it when
+    the budget demands)."""
+    _, top = static_top(model, lifetimes(model, codes), minimal=True)
+    return int(top.max())
+
+
 def fits(model: SimModel, codes: np.ndarray, budget: int) -> bool:
     """Whether some schedule of these classes fits ``budget`` (the simulator finds it)."""
-    _, top = static_top(model, lifetimes(model, codes), minimal=True)
-    return bool(top.max() <= budget)
+    return least_peak(model, codes) <= budget
 
 
 # ------------------------------------------------------------------ the engine

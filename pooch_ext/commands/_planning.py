@@ -4,12 +4,11 @@ from __future__ import annotations
 import argparse
 import json
 
-from pooch_ext.errors import BudgetTooSmallError
 from pooch_ext.links import PRESETS
 from pooch_ext.plan import Plan
 from pooch_ext.profile import Profile
-from pooch_ext.simulator import minimum_budget
-from pooch_ext.units import format_bytes, parse_bytes
+from pooch_ext.simulator import minimum_budget, require_budget
+from pooch_ext.units import format_bytes
 
 
 def add_common(parser: argparse.ArgumentParser) -> None:
@@ -26,12 +25,7 @@ def add_common(parser: argparse.ArgumentParser) -> None:
 def load(args: argparse.Namespace) -> tuple[Profile, int]:
     """The profile and the budget in bytes; a budget below the minimum raises with it."""
     profile = Profile.load(args.profile_dir)
-    budget = (int(profile.device.capacity_bytes) if args.budget is None
-              else parse_bytes(args.budget))
-    minimum = minimum_budget(profile)
-    if budget < minimum:
-        raise BudgetTooSmallError(budget, minimum)
-    return profile, budget
+    return profile, require_budget(profile, args.budget)
 
 
 def summary(profile: Profile, plan: Plan) -> dict:

@@ -5,13 +5,11 @@ import time
 
 import numpy as np
 
-from pooch_ext.errors import BudgetTooSmallError
 from pooch_ext.links import Link, get_link
 from pooch_ext.plan import Plan
 from pooch_ext.profile import Profile
 from pooch_ext.simmodel import NAME, SimModel, compile_profile
-from pooch_ext.simulator import minimum_budget, simulate
-from pooch_ext.units import parse_bytes
+from pooch_ext.simulator import require_budget, simulate
 
 
 class Context:
@@ -23,10 +21,7 @@ class Context:
         self.profile = profile
         self.policy = policy
         self.link = None if link is None else get_link(link)
-        self.budget = int(profile.device.capacity_bytes if budget is None else parse_bytes(budget))
-        minimum = minimum_budget(profile)
-        if self.budget < minimum:
-            raise BudgetTooSmallError(self.budget, minimum, policy)
+        self.budget = require_budget(profile, budget, policy)
         self.model: SimModel = compile_profile(profile, self.link)
 
     def plan(self, codes: np.ndarray, timing: str = "early", reason: str = "",
