@@ -48,7 +48,21 @@ def summary(profile: Profile, plan: Plan) -> dict:
     }
 
 
+def write_outputs(args: argparse.Namespace, plan: Plan) -> list[str]:
+    """Write the --schedule CSV and the --plot PNG where asked; the lines that name them."""
+    lines = []
+    if args.schedule:
+        plan.schedule.to_csv(args.schedule, index=False)
+        lines.append(f"schedule         {args.schedule}")
+    if args.plot:
+        from pooch_ext.timeline_plot import plot_timeline   # matplotlib: only when asked
+
+        lines.append(f"timeline         {plot_timeline(plan.timeline, args.plot)}")
+    return lines
+
+
 def emit(info: dict, as_json: bool, extra_lines: list[str] = ()) -> None:
+    """Print the summary: one JSON object, or the text form followed by ``extra_lines``."""
     if as_json:
         print(json.dumps(info, sort_keys=True))
         return

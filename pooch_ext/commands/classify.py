@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 
-from pooch_ext.commands._planning import add_common, emit, load, summary
+from pooch_ext.commands._planning import add_common, emit, load, summary, write_outputs
 from pooch_ext.policies import POLICY_NAMES, get_policy
 
 
@@ -26,15 +26,7 @@ def run(args: argparse.Namespace) -> int:
     policy = get_policy(args.policy)
     profile, budget = load(args)
     plan = policy.classify(profile, budget, args.link)
-    lines = []
-    if args.out:
-        lines.append(f"table            {plan.to_csv(args.out)}")
-    if args.schedule:
-        plan.schedule.to_csv(args.schedule, index=False)
-        lines.append(f"schedule         {args.schedule}")
-    if args.plot:
-        from pooch_ext.timeline_plot import plot_timeline
-
-        lines.append(f"timeline         {plot_timeline(plan.timeline, args.plot)}")
-    emit(summary(profile, plan), args.json, [] if args.json else lines)
+    lines = [f"table            {plan.to_csv(args.out)}"] if args.out else []
+    lines += write_outputs(args, plan)
+    emit(summary(profile, plan), args.json, lines)
     return 0 if plan.feasible else 1

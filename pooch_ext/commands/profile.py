@@ -1,14 +1,13 @@
 """pooch-ext profile: make a profile of one training iteration, save it, summarise it.
 
-Today profiles are analytic (the real Chainer graph traced on CPU, charged with the cost
-model for a named GPU). A measured source plugs in as one more entry of ``SOURCES`` with its
-own options; saving and the summary are shared.
+By default the profile is analytic (the real Chainer graph traced on CPU, charged with the
+cost model for a named GPU); ``--measure`` times real training iterations instead
+(pooch_ext.measure). Saving and the summary are the same for both.
 """
 from __future__ import annotations
 
 import argparse
 import json
-from typing import Callable
 
 from pooch_ext.costmodel import CONV_IMPLS, GPUS
 from pooch_ext.links import PRESETS
@@ -43,7 +42,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help="with --measure: device memory budget while profiling, e.g. 4GiB")
     parser.add_argument("--iters", type=int, default=3,
                         help="with --measure: iterations to profile, the first a warm-up (default 3)")
-    parser.set_defaults(run=run, source="analytic")
+    parser.set_defaults(run=run)
 
 
 def _analytic(args: argparse.Namespace) -> Profile:
@@ -58,10 +57,6 @@ def _measured(args: argparse.Namespace) -> Profile:
 
     return measured_profile(args.model, args.batch, args.input_size, budget=args.budget,
                             iters=args.iters, link=args.link)
-
-
-SOURCES: dict[str, Callable[[argparse.Namespace], Profile]] = {"analytic": _analytic,
-                                                               "measured": _measured}
 
 
 def summary_lines(summary: dict) -> list[str]:
@@ -92,7 +87,7 @@ def summary_lines(summary: dict) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     if args.budget is not None and not args.measure:
         raise ValueError("--budget applies to --measure only")
-    profile = SOURCES["measured" if args.measure else args.source](args)
+    profile = _measured(args) if args.measure else _analytic(args)
     summary = profile.summary()
     summary["input_size"] = "x".join(str(s) for s in profile.meta.get("input_size", []))
     if args.out:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from pooch_ext.commands._planning import add_common, emit, load, summary
+from pooch_ext.commands._planning import add_common, emit, load, summary, write_outputs
 from pooch_ext.plan import Plan
 from pooch_ext.simulator import simulate
 
@@ -27,16 +27,7 @@ def run(args: argparse.Namespace) -> int:
     plan = Plan.read_csv(args.plan)
     started = time.perf_counter()
     simulate(profile, plan, args.link, budget)
-    info = summary(profile, plan)
-    info["classify_seconds"] = 0.0
+    info = summary(profile, plan)   # classify_seconds: 0, a plan read from a file
     info["simulate_seconds"] = time.perf_counter() - started
-    lines = []
-    if args.schedule:
-        plan.schedule.to_csv(args.schedule, index=False)
-        lines.append(f"schedule         {args.schedule}")
-    if args.plot:
-        from pooch_ext.timeline_plot import plot_timeline
-
-        lines.append(f"timeline         {plot_timeline(plan.timeline, args.plot)}")
-    emit(info, args.json, [] if args.json else lines)
+    emit(info, args.json, write_outputs(args, plan))
     return 0 if plan.feasible else 1
