@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import pandas as pd
-
 EVENT_COLUMNS = ("seq", "op", "kind", "bytes", "tensor", "key")
 
 
@@ -30,9 +28,6 @@ class AllocationLog:
     def clear(self) -> None:
         self.events = []
         self.op = -1
-
-    def frame(self) -> pd.DataFrame:
-        return pd.DataFrame(self.events, columns=list(EVENT_COLUMNS))
 
 
 def scratch_bytes(events: list[tuple]) -> dict[int, int]:

@@ -55,10 +55,6 @@ class Program:
     n_ops: int
     label: str = ""
 
-    @property
-    def n_fwd(self) -> int:
-        return len(self.reference.ops)
-
 
 def compile_program(trace: GraphTrace, profile: Profile, schedule: pd.DataFrame,
                     label: str = "") -> Program:
@@ -70,7 +66,8 @@ def compile_program(trace: GraphTrace, profile: Profile, schedule: pd.DataFrame,
                             f"{len(trace.ops)} / {len(trace.backward_order)}")
     problems = validate_schedule(profile, schedule)
     if problems:
-        raise ExecutorError(f"schedule {label or ''} is not executable: {problems[0]}"
+        raise ExecutorError(f"schedule{' ' + label if label else ''} is not executable: "
+                            f"{problems[0]}"
                             + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
     rows = schedule.sort_values(["boundary", "order"], kind="stable")
     rows = list(zip(rows["boundary"].astype(int), rows["action"], rows["tensor"].astype(int)))
@@ -100,7 +97,6 @@ class _Slot:
     dropped_node: bool = False
     dropped_retained: bool = False
     variable: Any = None             # weakref to a live Variable whose array was dropped
-    on_demand: bool = False          # restored outside the schedule; dropped after its op
 
 
 @dataclass
@@ -366,7 +362,6 @@ class Executor(GraphRecorder):
             self._recompute(tensor)
         else:
             return
-        slot.on_demand = True
         self._after_op.append(tensor)
         self.stats.on_demand += 1
 
@@ -495,7 +490,6 @@ class Executor(GraphRecorder):
                 self._wait(tensor)
                 self._drop(tensor, slot, keep_user=False)
                 slot.state = "host" if slot.transfer is not None else "freed"
-            slot.on_demand = False
         self._after_op = []
         self._run_until(index + 1)
         self.stats.finished = time.perf_counter()
