@@ -103,17 +103,24 @@ def check_conv_impl(name: str) -> str:
     return name
 
 
+def optimizer_states(optimizer: str) -> int:
+    """State arrays the optimizer keeps per parameter; unknown names list the known ones."""
+    try:
+        return OPTIMIZER_STATES[optimizer]
+    except KeyError:
+        raise UnknownNameError(f"unknown optimizer {optimizer!r}; "
+                               f"known: {', '.join(OPTIMIZER_STATES)}") from None
+
+
 def resident_bytes(param_bytes: int, optimizer: str = "momentum_sgd") -> int:
     """Parameters + their gradients + optimizer state, which no policy moves."""
-    if optimizer not in OPTIMIZER_STATES:
-        raise UnknownNameError(f"unknown optimizer {optimizer!r}; known: {', '.join(OPTIMIZER_STATES)}")
-    return int(param_bytes) * (2 + OPTIMIZER_STATES[optimizer])
+    return int(param_bytes) * (2 + optimizer_states(optimizer))
 
 
 def update_time_s(gpu: GPU, param_bytes: int, n_params: int, optimizer: str = "momentum_sgd") -> float:
     """Optimizer step: one elementwise kernel per parameter array (read p, g, states; write
     p, states), plus clearing the gradients."""
-    states = OPTIMIZER_STATES[optimizer]
+    states = optimizer_states(optimizer)
     traffic = param_bytes * (2 + 2 * states + 1) + param_bytes  # update, then cleargrads
     return traffic / (gpu.mem_bytes_per_s * MEMORY_EFFICIENCY) + 2 * n_params * gpu.launch_latency_s
 

@@ -1,6 +1,7 @@
 """Byte quantities as people write them ("16GiB", "500 MB") and as we print them."""
 from __future__ import annotations
 
+import math
 import re
 
 _UNITS = {
@@ -23,7 +24,10 @@ def parse_bytes(text: str | int | float) -> int:
         value, unit = float(match.group(1)), match.group(2).lower()
     if unit not in _UNITS:
         raise ValueError(f"unknown byte unit {unit!r} in {text!r} (use B, KB, MB, GB, KiB, MiB, GiB)")
-    result = int(round(value * _UNITS[unit]))
+    scaled = value * _UNITS[unit]
+    if not math.isfinite(scaled):
+        raise ValueError(f"byte size must be a finite number: {text!r}")
+    result = int(round(scaled))
     if result <= 0:
         raise ValueError(f"byte size must be positive: {text!r}")
     return result

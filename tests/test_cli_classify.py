@@ -77,5 +77,6 @@ def test_unknown_policy_and_bad_budget(profile_dir, capsys):
     path, _ = profile_dir
     assert main(["classify", str(path), "--policy", "nope"]) == 2
     assert main(["classify", str(path), "--budget", "lots"]) == 2
+    assert main(["classify", str(path), "--budget", "1e400"]) == 2
     err = capsys.readouterr().err
-    assert "known: pooch" in err and "not a byte size" in err
+    assert "known: pooch" in err and "not a byte size" in err and "finite number: '1e400'" in err

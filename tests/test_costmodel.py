@@ -73,6 +73,8 @@ def test_resident_bytes_count_gradients_and_optimizer_state():
     assert cm.resident_bytes(1000, "adam") == 4000
     with pytest.raises(UnknownNameError):
         cm.resident_bytes(1000, "lion")
+    with pytest.raises(UnknownNameError, match="unknown optimizer 'lion'"):
+        cm.update_time_s(cm.get_gpu("h100"), 1000, 2, "lion")
 
 
 def test_calibration_resnet50_v100_near_paper_throughput():
