@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from pooch_ext.plan import TABLE_COLUMNS, Plan
-from pooch_ext.profile import Profile
+from pooch_ext.profile import Profile, format_shape
 from pooch_ext.simmodel import SimModel
 
 
@@ -28,7 +28,7 @@ def plan_table(profile: Profile, plan: Plan, timeline, model: SimModel) -> pd.Da
         "producer": producer,
         "function": ops["name"].to_numpy()[producer],
         "label": ops["label"].to_numpy()[producer],
-        "shape": ["x".join(str(s) for s in shape) for shape in fms["shape"]],
+        "shape": [format_shape(shape) for shape in fms["shape"]],
         "bytes": model.nbytes,
         "class": [plan.classes.get(int(t), "keep") for t in model.tensor],
         "swap_out_s": model.so_s,

@@ -74,13 +74,20 @@ MEMORY_CATEGORIES = ("activation", "gradient", "transient", "other")
 # ---------------------------------------------------------------- column specs
 # Each column has a cell type; CSV stores lists as space-separated ints, shapes as "2x3x4".
 
-def _parse_int_list(text: Any) -> list[int]:
+def _missing(text: Any) -> bool:
+    return text is None or (isinstance(text, float) and math.isnan(text))
+
+
+def _ints(text: Any, sep: str | None) -> list[int]:
+    """A cell's integers: a sequence as it is, text split at ``sep``; empty or missing: []."""
     if isinstance(text, (list, tuple, np.ndarray)):
         return [int(v) for v in text]
-    if text is None or (isinstance(text, float) and math.isnan(text)):
-        return []
-    text = str(text).strip()
-    return [int(part) for part in text.split()] if text else []
+    text = "" if _missing(text) else str(text).strip()
+    return [int(part) for part in text.split(sep)] if text else []
+
+
+def _parse_int_list(text: Any) -> list[int]:
+    return _ints(text, None)
 
 
 def _format_int_list(values: Any) -> str:
@@ -88,15 +95,11 @@ def _format_int_list(values: Any) -> str:
 
 
 def _parse_shape(text: Any) -> tuple[int, ...]:
-    if isinstance(text, (list, tuple, np.ndarray)):
-        return tuple(int(v) for v in text)
-    if text is None or (isinstance(text, float) and math.isnan(text)):
-        return ()
-    text = str(text).strip()
-    return tuple(int(part) for part in text.split("x")) if text else ()
+    return tuple(_ints(text, "x"))
 
 
-def _format_shape(shape: Any) -> str:
+def format_shape(shape: Any) -> str:
+    """(2, 3, 4) -> '2x3x4': how profiles (and the tables made from them) write shapes."""
     return "x".join(str(int(v)) for v in shape)
 
 
@@ -112,9 +115,7 @@ def _parse_bool(text: Any) -> bool:
 
 
 def _parse_str(text: Any) -> str:
-    if text is None or (isinstance(text, float) and math.isnan(text)):
-        return ""
-    return str(text)
+    return "" if _missing(text) else str(text)
 
 
 @dataclass(frozen=True)
@@ -134,7 +135,7 @@ OPS_COLUMNS = (
 )
 TENSORS_COLUMNS = (
     Column("tensor", int), Column("producer", int), Column("output_index", int),
-    Column("shape", _parse_shape, _format_shape), Column("dtype", _parse_str),
+    Column("shape", _parse_shape, format_shape), Column("dtype", _parse_str),
     Column("bytes", int), Column("kind", _parse_str),
     Column("fwd_consumers", _parse_int_list, _format_int_list),
     Column("bwd_consumers", _parse_int_list, _format_int_list),

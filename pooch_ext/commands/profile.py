@@ -12,7 +12,7 @@ import json
 from pooch_ext.costmodel import CONV_IMPLS, GPUS
 from pooch_ext.links import PRESETS
 from pooch_ext.models import MODEL_NAMES
-from pooch_ext.profile import Profile
+from pooch_ext.profile import Profile, format_shape
 from pooch_ext.units import format_bytes
 
 
@@ -89,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--budget applies to --measure only")
     profile = _measured(args) if args.measure else _analytic(args)
     summary = profile.summary()
-    summary["input_size"] = "x".join(str(s) for s in profile.meta.get("input_size", []))
+    summary["input_size"] = format_shape(profile.meta.get("input_size", []))
     if args.out:
         summary["out"] = str(profile.save(args.out))
     if args.json:
