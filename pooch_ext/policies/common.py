@@ -4,6 +4,7 @@ from __future__ import annotations
 import time
 
 import numpy as np
+import pandas as pd
 
 from pooch_ext.links import Link, get_link
 from pooch_ext.plan import Plan
@@ -26,13 +27,12 @@ class Context:
 
     def plan(self, codes: np.ndarray, timing: str = "early", reason: str = "",
              r: dict[int, float] | None = None) -> Plan:
-        """Simulate the chosen classes into a finished Plan (schedule, table, seconds taken)."""
+        """Simulate the chosen classes into a finished Plan (schedule, table, seconds taken);
+        ``r``: tensor id -> r(X) where PoocH computed it, for the table's r column."""
         classes = {int(t): NAME[int(c)] for t, c in zip(self.model.tensor, codes)}
         plan = Plan(self.policy, classes, swap_in_timing=timing, reason=reason)
-        if r:
-            plan.table = plan.table.iloc[0:0].copy()
-            plan.table["tensor"] = list(r)
-            plan.table["r"] = list(r.values())
+        if r:   # simulate's plan_table keeps the r values it finds in plan.table
+            plan.table = pd.DataFrame({"tensor": list(r), "r": list(r.values())})
         simulate(self.profile, plan, self.link, self.budget)
         plan.classify_seconds = time.perf_counter() - self.started
         return plan

@@ -3,12 +3,15 @@ from __future__ import annotations
 
 import numpy as np
 
+from pooch_ext.links import Link
 from pooch_ext.plan import Plan
 from pooch_ext.policies.common import Context
+from pooch_ext.profile import Profile
 from pooch_ext.simmodel import KEEP
 
 
-def classify(profile, budget=None, link=None) -> Plan:
+def classify(profile: Profile, budget: int | str | None = None,
+             link: Link | str | None = None) -> Plan:
     ctx = Context(profile, budget, link, "in-core")
     plan = ctx.plan(np.full(ctx.model.m, KEEP))
     if not plan.feasible:

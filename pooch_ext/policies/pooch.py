@@ -16,16 +16,18 @@ from __future__ import annotations
 
 import math
 
+from pooch_ext.links import Link
 from pooch_ext.plan import Plan
 from pooch_ext.policies.common import Context
 from pooch_ext.policies.search import (SearchStats, fill_keeps, keep_swap, multi_start,
                                        recompute_step)
 from pooch_ext.policies.sqrt_n import best_checkpoints
+from pooch_ext.profile import Profile
 from pooch_ext.simulator import tightest_codes
 
 
-def classify(profile, budget=None, link=None, refine: bool = True,
-             stats: SearchStats | None = None) -> Plan:
+def classify(profile: Profile, budget: int | str | None = None, link: Link | str | None = None,
+             refine: bool = True, stats: SearchStats | None = None) -> Plan:
     """The PoocH plan; ``stats`` (optional) receives the search's counters."""
     ctx = Context(profile, budget, link, "pooch")
     stats = stats if stats is not None else SearchStats()

@@ -11,13 +11,15 @@ import math
 
 import numpy as np
 
+from pooch_ext.links import Link
 from pooch_ext.plan import Plan
 from pooch_ext.policies.common import Context
-from pooch_ext.simmodel import KEEP, RECOMPUTE
+from pooch_ext.profile import Profile
+from pooch_ext.simmodel import KEEP, RECOMPUTE, SimModel
 from pooch_ext.simulator import fits, run
 
 
-def checkpoint_codes(model, spacing: int) -> np.ndarray:
+def checkpoint_codes(model: SimModel, spacing: int) -> np.ndarray:
     """Keep every ``spacing``-th map counted from the input side, recompute the others."""
     codes = np.full(model.m, KEEP)
     for i in range(model.m):
@@ -26,7 +28,8 @@ def checkpoint_codes(model, spacing: int) -> np.ndarray:
     return codes
 
 
-def best_checkpoints(model, budget: int, max_spacing: int | None = None) -> np.ndarray | None:
+def best_checkpoints(model: SimModel, budget: int,
+                     max_spacing: int | None = None) -> np.ndarray | None:
     """The fastest checkpoint spacing up to ``max_spacing`` (None: every spacing) that fits
     ``budget`` (ties: the one nearest sqrt(n)); None when none fits. No map is swapped, so
     its time does not depend on the link."""
@@ -42,7 +45,8 @@ def best_checkpoints(model, budget: int, max_spacing: int | None = None) -> np.n
     return best
 
 
-def classify(profile, budget=None, link=None) -> Plan:
+def classify(profile: Profile, budget: int | str | None = None,
+             link: Link | str | None = None) -> Plan:
     ctx = Context(profile, budget, link, "sqrt-n")
     model = ctx.model
     best = best_checkpoints(model, ctx.budget)

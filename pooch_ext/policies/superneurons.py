@@ -6,23 +6,26 @@ the preceding convolution. SuperNeurons recomputes segments that start at convol
 outputs; our recompute holds every map it rebuilds until its last use, so a map whose rebuild
 would need another recomputed map (a residual block's output, through its identity shortcut)
 is swapped instead of rebuilding the whole chain at once; so is any map with no exact
-recompute rule. SuperNeurons itself places
-those swap-ins without looking at memory (the paper's batch-640 failure); our simulator
-delays a swap-in that has no room instead, and the plan's reason counts how many it delayed.
+recompute rule. SuperNeurons itself places those swap-ins without looking at memory (the
+paper's batch-640 failure); our simulator delays a swap-in that has no room instead, and the
+plan's reason counts how many it delayed.
 """
 from __future__ import annotations
 
 import numpy as np
 
+from pooch_ext.links import Link
 from pooch_ext.plan import Plan
 from pooch_ext.policies.common import Context
+from pooch_ext.profile import Profile
 from pooch_ext.simmodel import KEEP, RECOMPUTE, SWAP, is_conv
 from pooch_ext.simulator import fits
 
 TIMING = "previous-conv"
 
 
-def classify(profile, budget=None, link=None) -> Plan:
+def classify(profile: Profile, budget: int | str | None = None,
+             link: Link | str | None = None) -> Plan:
     ctx = Context(profile, budget, link, "superneurons")
     model = ctx.model
     codes = np.full(model.m, SWAP)
@@ -38,7 +41,7 @@ def classify(profile, budget=None, link=None) -> Plan:
             break
         codes = trial
     plan = ctx.plan(codes, TIMING)
-    delayed = plan.timeline.delayed_swap_ins if plan.timeline is not None else 0
+    delayed = plan.timeline.delayed_swap_ins
     if plan.feasible and delayed:
         plan.reason = (f"{delayed} swap-in(s) delayed for lack of memory "
                        "(SuperNeurons itself would run out of memory there)")

@@ -1,13 +1,16 @@
 """swap-all: every feature map is swapped, swap-ins scheduled early (paper 4.3)."""
 from __future__ import annotations
 
+from pooch_ext.links import Link
 from pooch_ext.plan import Plan
 from pooch_ext.policies.common import Context
+from pooch_ext.profile import Profile
 from pooch_ext.simulator import tightest_codes
 
 TIMING = "early"
 
 
-def classify(profile, budget=None, link=None) -> Plan:
+def classify(profile: Profile, budget: int | str | None = None,
+             link: Link | str | None = None) -> Plan:
     ctx = Context(profile, budget, link, "swap-all")
     return ctx.plan(tightest_codes(ctx.model), TIMING)

@@ -1,11 +1,14 @@
 """swap-all without scheduling: every map swapped, each swap-in with the op just before its use."""
 from __future__ import annotations
 
+from pooch_ext.links import Link
 from pooch_ext.plan import Plan
 from pooch_ext.policies.common import Context
+from pooch_ext.profile import Profile
 from pooch_ext.simulator import tightest_codes
 
 
-def classify(profile, budget=None, link=None) -> Plan:
+def classify(profile: Profile, budget: int | str | None = None,
+             link: Link | str | None = None) -> Plan:
     ctx = Context(profile, budget, link, "swap-all-nosched")
     return ctx.plan(tightest_codes(ctx.model), "previous-op")

@@ -1,9 +1,12 @@
 """vdnn-all: vDNN offloading the input feature maps of every layer."""
 from __future__ import annotations
 
+from pooch_ext.links import Link
 from pooch_ext.plan import Plan
 from pooch_ext.policies.vdnn_common import classify_vdnn
+from pooch_ext.profile import Profile
 
 
-def classify(profile, budget=None, link=None) -> Plan:
+def classify(profile: Profile, budget: int | str | None = None,
+             link: Link | str | None = None) -> Plan:
     return classify_vdnn(profile, budget, link, "vdnn-all", conv_only=False)

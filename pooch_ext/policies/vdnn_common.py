@@ -9,14 +9,18 @@ from __future__ import annotations
 
 import numpy as np
 
+from pooch_ext.links import Link
 from pooch_ext.plan import Plan
 from pooch_ext.policies.common import Context
+from pooch_ext.profile import Profile
 from pooch_ext.simmodel import KEEP, SWAP, is_conv
 
 TIMING = "vdnn"
 
 
-def classify_vdnn(profile, budget, link, name: str, conv_only: bool) -> Plan:
+def classify_vdnn(profile: Profile, budget: int | str | None, link: Link | str | None,
+                  name: str, conv_only: bool) -> Plan:
+    """The vDNN plan called ``name``: offload the inputs of every layer, or of convolutions."""
     ctx = Context(profile, budget, link, name)
     model = ctx.model
     consumers = dict(zip(profile.tensors["tensor"], profile.tensors["fwd_consumers"]))
