@@ -272,13 +272,14 @@ class GraphRecorder(chainer.FunctionHook):
         del self.traces[:-self.keep_traces]
         self.on_iteration_end(trace)
 
-    def _tensor_id(self, node: Any, producer: int, output_index: int, shape, dtype) -> int:
+    def _tensor_id(self, node: Any, producer: int, output_index: int) -> int:
+        """The id of ``node`` in this iteration, recording it as a new tensor when first seen."""
         tag = getattr(node, _TAG, None)
         if tag is not None and tag[0] is self._serial:
             return tag[1]
         tid = len(self.trace.tensors)
-        self.trace.tensors.append(TensorRecord(tid, tuple(int(s) for s in shape), str(dtype),
-                                               producer, output_index))
+        self.trace.tensors.append(TensorRecord(tid, tuple(int(s) for s in node.shape),
+                                               str(node.dtype), producer, output_index))
         setattr(node, _TAG, (self._serial, tid))
         self.nodes[tid] = weakref.ref(node)
         return tid
@@ -297,7 +298,7 @@ class GraphRecorder(chainer.FunctionHook):
                 continue
             known = getattr(node, _TAG, None)
             if known is None or known[0] is not self._serial:
-                tid = self._tensor_id(node, -1, self._n_inputs, node.shape, node.dtype)
+                tid = self._tensor_id(node, -1, self._n_inputs)
                 self._n_inputs += 1
             else:
                 tid = known[1]
@@ -308,12 +309,11 @@ class GraphRecorder(chainer.FunctionHook):
         outputs = []
         for output_index, ref in enumerate(function.outputs):
             node = ref()
-            shape, dtype = (node.shape, node.dtype) if node is not None else ((), "")
             if node is None:   # an output nobody kept: record its slot, nothing refers to it
                 tid = len(self.trace.tensors)
                 self.trace.tensors.append(TensorRecord(tid, (), "", index, output_index))
             else:
-                tid = self._tensor_id(node, index, output_index, shape, dtype)
+                tid = self._tensor_id(node, index, output_index)
             outputs.append(tid)
         retained_in = [positions[i] for i in (function._input_indexes_to_retain or ())
                        if i in positions]
