@@ -18,7 +18,7 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -52,8 +52,10 @@ class Profiler(Executor):
 
     name = "PoochProfiler"
 
-    def __init__(self, model: Any, device: Any, keep_traces: int = 4, on_deviation=None,
-                 iteration_done=None, backward_done=None) -> None:
+    def __init__(self, model: Any, device: Any, keep_traces: int = 4,
+                 on_deviation: Callable[[str], None] | None = None,
+                 iteration_done: Callable[[GraphTrace], None] | None = None,
+                 backward_done: Callable[[GraphTrace], None] | None = None) -> None:
         super().__init__(model, device, keep_traces, on_deviation, iteration_done, backward_done)
         self.measuring = False
         self.samples: list[IterationSample] = []
@@ -124,8 +126,9 @@ class Profiler(Executor):
             self._fwd_timers[index] = self._start(index)
 
     def forward_postprocess(self, function: Any, in_data: tuple) -> None:
-        if self._timing is not None and getattr(function, _TAG, (None, None))[1] == self._timing[0] \
-                and getattr(function, _TAG)[0] is self._serial:
+        # only the timed op's own postprocess closes its window
+        if self._timing is not None and getattr(function, _TAG, None) == (self._serial,
+                                                                         self._timing[0]):
             self._stop()
         super().forward_postprocess(function, in_data)
 
@@ -250,10 +253,10 @@ def build_profile(samples: list[IterationSample], device: Device, link: Link, re
     profile = builder.build(loss=trace.loss, backward_order=trace.backward_order)
     if measured_swaps:
         tensors = profile.tensors
-        for column, key in (("swap_out_s", "swap_out_s"), ("swap_in_s", "swap_in_s")):
+        for column in ("swap_out_s", "swap_in_s"):
             measured = {}
             for s in use:
-                for t, values in getattr(s, key).items():
+                for t, values in getattr(s, column).items():
                     measured.setdefault(t, []).extend(values)
             values = [(_median(measured[t]) if t in measured else v)
                       for t, v in zip(tensors["tensor"], tensors[column])]
