@@ -28,6 +28,7 @@ from pooch_ext.recompute_rules import recompute_refusal
 
 
 def nbytes_of(shape: Sequence[int], dtype: str = "float32") -> int:
+    """Device bytes of an array of ``shape`` and ``dtype``."""
     if not dtype:   # an output nobody kept (GraphRecorder saw no array): it holds no memory
         return 0
     return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize

@@ -1,6 +1,8 @@
 """Exceptions users can catch; the CLI prints their message as a one-line error."""
 from __future__ import annotations
 
+from pooch_ext.units import format_bytes
+
 
 class PoochError(Exception):
     """Base class: a problem with the user's input or setup, not a bug."""
@@ -21,8 +23,6 @@ class BudgetTooSmallError(PoochError):
     """No plan can run the iteration within the budget; carries the smallest budget that works."""
 
     def __init__(self, budget_bytes: int, minimum_bytes: int, what: str = "") -> None:
-        from pooch_ext.units import format_bytes
-
         self.budget_bytes = int(budget_bytes)
         self.minimum_bytes = int(minimum_bytes)
         where = f" for {what}" if what else ""

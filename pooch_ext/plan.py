@@ -44,6 +44,7 @@ TABLE_COLUMNS = ("tensor", "producer", "function", "label", "shape", "bytes", "c
 
 
 def empty_schedule() -> pd.DataFrame:
+    """A schedule with no actions yet, with the columns and dtypes of a real one."""
     return pd.DataFrame({"boundary": pd.Series(dtype="int64"), "order": pd.Series(dtype="int64"),
                          "action": pd.Series(dtype=object), "tensor": pd.Series(dtype="int64")})
 
@@ -80,9 +81,6 @@ class Plan:
         """Number of feature maps per class, e.g. {'keep': 66, 'swap': 12, 'recompute': 27}."""
         values = list(self.classes.values())
         return {c: values.count(c) for c in CLASSES}
-
-    def tensors_of(self, cls: str) -> list[int]:
-        return sorted(t for t, c in self.classes.items() if c == cls)
 
     def to_csv(self, path: str | Path) -> Path:
         """The classification table, one row per feature map (plus policy + timing columns)."""

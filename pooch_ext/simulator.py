@@ -167,7 +167,7 @@ def _swap_in_targets(model: SimModel, timing: str, order: list[int], first: np.n
         out = {}
         for i in order:
             pos = np.searchsorted(conv, first[i]) - 1
-            out[i] = int(conv[pos]) if pos >= 0 and conv[pos] >= n_fwd else n_fwd
+            out[i] = int(conv[pos]) if pos >= 0 else n_fwd   # conv_bwd: backward ops only
         return out
     return {i: n_fwd for i in order}   # early, vdnn (vdnn adds its window at run time)
 
@@ -434,8 +434,9 @@ def _timeline(model: SimModel, r: RunResult, budget: int, timing: str) -> Timeli
     rc = pd.DataFrame(tr["recomputes"], columns=["i", "boundary", "start_s", "end_s"])
     rc_time = np.zeros(n)
     if len(rc):
-        np.add.at(rc_time, rc["boundary"].to_numpy()[rc["boundary"].to_numpy() < n],
-                  (rc["end_s"] - rc["start_s"]).to_numpy()[rc["boundary"].to_numpy() < n])
+        inside = rc["boundary"].to_numpy() < n
+        np.add.at(rc_time, rc["boundary"].to_numpy()[inside],
+                  (rc["end_s"] - rc["start_s"]).to_numpy()[inside])
     arrival = tr["arrival"][:n]
     stall = np.maximum(0.0, start - arrival - rc_time)
     ops = pd.DataFrame({"op": np.arange(n), "phase": model.phases, "name": model.names,

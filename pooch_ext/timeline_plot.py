@@ -17,7 +17,7 @@ import numpy as np  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
 from pooch_ext.simulator import Timeline  # noqa: E402
-from pooch_ext.units import format_bytes  # noqa: E402
+from pooch_ext.units import binary_unit, format_bytes  # noqa: E402
 
 COLORS = {"forward": "#4c72b0", "backward": "#55a868", "update": "#8172b2",
           "recompute": "#dd8452", "d2h": "#ccb974", "h2d": "#64b5cd", "stall": "#c44e52"}
@@ -67,19 +67,17 @@ def plot_timeline(timeline: Timeline, path: str | Path, title: str = "") -> Path
     n = len(ops)
     times = np.r_[ops.start_s.to_numpy(), timeline.iteration_time_s]
     top = max(timeline.budget_bytes, timeline.peak_bytes)
-    unit, gib = next((u, float(scale)) for u, scale in
-                     (("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10), ("bytes", 1))
-                     if top >= scale)
-    mem.step(times, memory.peak_bytes.to_numpy()[: n + 1] / gib, where="post",
+    unit, scale = binary_unit(top)
+    mem.step(times, memory.peak_bytes.to_numpy()[: n + 1] / scale, where="post",
              color="#4c72b0", label="device memory (peak within each op)")
-    mem.fill_between(times, memory.bytes.to_numpy()[: n + 1] / gib, step="post",
+    mem.fill_between(times, memory.bytes.to_numpy()[: n + 1] / scale, step="post",
                      color="#4c72b0", alpha=0.25, label="at op boundaries")
-    mem.axhline(timeline.budget_bytes / gib, color=COLORS["stall"], linestyle="--",
+    mem.axhline(timeline.budget_bytes / scale, color=COLORS["stall"], linestyle="--",
                 label=f"budget {format_bytes(timeline.budget_bytes)}")
     mem.axvline(timeline.forward_end_s, color="gray", linestyle=":", linewidth=1)
     mem.set_ylabel(unit)
     mem.set_xlabel("time (s)")
-    mem.set_ylim(0, max(timeline.budget_bytes, timeline.peak_bytes) / gib * 1.08)
+    mem.set_ylim(0, top / scale * 1.08)
     mem.legend(loc="lower right", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

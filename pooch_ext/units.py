@@ -33,10 +33,18 @@ def parse_bytes(text: str | int | float) -> int:
     return result
 
 
+_BINARY = (("TiB", 1024**4), ("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024))
+
+
+def binary_unit(n: float) -> tuple[str, int]:
+    """The largest binary unit not above ``|n|`` and its bytes; ("B", 1) below a KiB."""
+    return next(((unit, scale) for unit, scale in _BINARY if abs(n) >= scale), ("B", 1))
+
+
 def format_bytes(n: float) -> str:
     """Binary units, three significant figures: 17179869184 -> '16.0 GiB'."""
     n = float(n)
-    for unit, scale in (("TiB", 1024**4), ("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
-        if abs(n) >= scale:
-            return f"{n / scale:.3g} {unit}" if n / scale < 100 else f"{n / scale:.0f} {unit}"
-    return f"{n:.0f} B"
+    unit, scale = binary_unit(n)
+    if scale == 1:
+        return f"{n:.0f} B"
+    return f"{n / scale:.3g} {unit}" if n / scale < 100 else f"{n / scale:.0f} {unit}"

@@ -53,4 +53,5 @@ def default_input_size(name: str) -> tuple[int, ...]:
 
 
 def default_n_classes(name: str) -> int:
+    """The original's label count (ImageNet 1000, Kinetics 400, CIFAR-10 10)."""
     return _entry(name)[1]
