@@ -36,7 +36,7 @@ import time
 import weakref
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -184,7 +184,7 @@ class HostSimDevice:
     def check(self, where: str = "", index: int | None = None, function: Any = None) -> None:
         """Record the peak; over the budget (when enforced) raise DeviceOutOfMemoryError naming
         ``where`` (e.g. "forward op", 12, the function node)."""
-        total = self.resident + self.used
+        total = self.used_bytes()
         if total > self.peak:
             self.peak = total
         if self.enforce and self.budget is not None and total > self.budget:
@@ -500,6 +500,7 @@ def pool_peak_hook(cupy: Any) -> Any:
 
 
 def is_array(value: Any) -> bool:
+    """A NumPy or CuPy array (not a NumPy scalar): something that holds a buffer."""
     return (hasattr(value, "nbytes") and hasattr(value, "shape") and hasattr(value, "dtype")
             and not isinstance(value, np.generic))
 
@@ -511,6 +512,15 @@ def _grad_of(param: Any) -> Any:
         return None
 
 
+def persistent_values(model: Any) -> Iterator[tuple[str, Any, str, Any]]:
+    """``(link path, link, name, value)`` of every persistent value of the model's links
+    (BatchNormalization running statistics, counters): the state training changes besides the
+    parameters and the optimizer's. Names in sorted order, so every process sees one order."""
+    for path, link in model.namedlinks():
+        for name in sorted(link._persistent):
+            yield path, link, name, link.__dict__[name]
+
+
 def model_arrays(model: Any) -> set[int]:
     """ids of the buffers a model owns (parameters, gradients, persistent state)."""
     ids = set()
@@ -518,11 +528,9 @@ def model_arrays(model: Any) -> set[int]:
         for array in (param.array, _grad_of(param)):
             if array is not None:
                 ids.add(id(base_of(array)))
-    for link in model.links():
-        for name in link._persistent:
-            value = link.__dict__.get(name)
-            if is_array(value):
-                ids.add(id(base_of(value)))
+    for _, _, _, value in persistent_values(model):
+        if is_array(value):
+            ids.add(id(base_of(value)))
     return ids
 
 
@@ -557,19 +565,19 @@ def resident_bytes(model: Any) -> int:
         if param.array is not None:
             total += 2 * int(param.array.nbytes)
         total += optimizer_state_bytes(param)
-    for link in model.links():
-        for name in link._persistent:
-            value = link.__dict__.get(name)
-            if is_array(value):
-                total += int(value.nbytes)
+    for _, _, _, value in persistent_values(model):
+        if is_array(value):
+            total += int(value.nbytes)
     return total
 
 
 def array_is_on_gpu(array: Any) -> bool:
+    """A CuPy array (told by its type's module, so CuPy need not be importable)."""
     return type(array).__module__.split(".")[0] == "cupy"
 
 
-def device_for(model: Any, budget: int | None = None, link: Link | str | None = None):
+def device_for(model: Any, budget: int | None = None,
+               link: Link | str | None = None) -> CupyDevice | HostSimDevice:
     """The device a model lives on: CupyDevice on a GPU (``model.to_gpu()``), else host-sim."""
     xp = getattr(getattr(model, "device", None), "xp", np)
     on_gpu = getattr(xp, "__name__", "") == "cupy" or any(

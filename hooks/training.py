@@ -19,7 +19,7 @@ import chainer
 import chainer.functions as F
 import chainer.links as L
 
-from pooch_ext.hooks.device import host_copy
+from pooch_ext.hooks.device import array_is_on_gpu, host_copy, persistent_values
 
 
 class BranchyNet(chainer.Chain):
@@ -182,7 +182,7 @@ def train_side_by_side(plain: tuple, under: tuple, batches: list, pooch: dict,
     from pooch_ext.pooch import PoocH
 
     plain_result, pooch_result = TrainResult(), TrainResult()
-    gpu = bool(batches) and type(batches[0][0]).__module__.split(".")[0] == "cupy"
+    gpu = bool(batches) and array_is_on_gpu(batches[0][0])
     streams = _RandomStreams(2, gpu, seed)
     try:
         with PoocH(under[0], **pooch) as context:
@@ -210,11 +210,9 @@ def model_state(model: chainer.Link, optimizer: chainer.Optimizer | None = None)
         rule = getattr(param, "update_rule", None)
         for key, value in sorted((getattr(rule, "_state", None) or {}).items()):
             state[f"opt{name}/{key}"] = host_copy(value)
-    for path, link in model.namedlinks():
-        for name in sorted(link._persistent):
-            value = link.__dict__[name]
-            if hasattr(value, "shape"):
-                state[f"persistent{path}/{name}"] = host_copy(value)
+    for path, _, name, value in persistent_values(model):
+        if hasattr(value, "shape"):
+            state[f"persistent{path}/{name}"] = host_copy(value)
     if optimizer is not None:
         state["opt/t"] = np.asarray(optimizer.t)
     return state

@@ -40,7 +40,7 @@ import chainer
 
 from pooch_ext.errors import BudgetTooSmallError
 from pooch_ext.hooks.device import (UNLIMITED, HostSimDevice, device_for, host_copy,
-                                    resident_bytes)
+                                    persistent_values, resident_bytes)
 from pooch_ext.hooks.executor import Program, compile_program
 from pooch_ext.hooks.graph import GraphTrace
 from pooch_ext.hooks.profiler import Profiler, build_profile, fit_link
@@ -299,9 +299,8 @@ class ModelSnapshot:
                         (p._grad_valid, host_copy(p._grad_var.array) if p._grad_valid
                          and p._grad_var is not None else None))
                        for p in model.params()]
-        self.persistent = [(link, name, host_copy(link.__dict__[name])
-                            if hasattr(link.__dict__[name], "shape") else link.__dict__[name])
-                           for link in model.links() for name in link._persistent]
+        self.persistent = [(link, name, host_copy(value) if hasattr(value, "shape") else value)
+                           for _, link, name, value in persistent_values(model)]
 
     @staticmethod
     def _put(current: Any, saved: Any) -> Any:
