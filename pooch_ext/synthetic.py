@@ -60,7 +60,7 @@ def random_profile(seed: int, n_layers: int = 8, link: Link | str = "pcie3",
                        {"model": f"random-{seed}", "batch": 1})
     elems = int(rng.integers(4, 16)) * (1 << 20)
     h = b.input((elems,))
-    block_in = None
+    block_in, block_elems = None, 0   # the residual shortcut's source and its size
     kinds = ["conv"]
     while len(kinds) < n_layers:
         kinds.append(str(rng.choice(["conv", "bn", "relu", "pool", "add"], p=[.3, .25, .25, .1, .1])))
@@ -79,7 +79,7 @@ def random_profile(seed: int, n_layers: int = 8, link: Link | str = "pcie3",
         }[kind]
         inputs = [h]
         if kind == "add":
-            if block_in is None or b._tensors[block_in].shape != (elems,):
+            if block_in is None or block_elems != elems:
                 name, retain_in = "ReLU", []
                 retain_out = [0]
             else:
@@ -90,7 +90,7 @@ def random_profile(seed: int, n_layers: int = 8, link: Link | str = "pcie3",
                          transient_bytes=nbytes // 2 if kind == "conv" else 0,
                          label=f"layer{k}/{kind}")
         if kind in ("relu", "add") and (block_in is None or rng.random() < 0.5):
-            block_in = h
+            block_in, block_elems = h, elems
     (h,) = b.forward("LinearFunction", [h], [((1000,), "float32")], 2e-5, 4e-5, retain_inputs=[0],
                      label="fc")
     b.forward("SoftmaxCrossEntropy", [h], [((), "float32")], 1e-5, 1e-5, retain_inputs=[0],
