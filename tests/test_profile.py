@@ -69,24 +69,31 @@ def test_damaged_folder_names_the_file(toy_profile, tmp_path, damage, message):
         Profile.load(tmp_path)
 
 
+def save_with(profile, folder, table, change):
+    """Save ``profile``, then rewrite ``table``.csv as ``change`` makes it (cells as text)."""
+    profile.save(folder)
+    path = folder / f"{table}.csv"
+    change(pd.read_csv(path, dtype=str, keep_default_na=False)).to_csv(path, index=False)
+
+
+def set_cell(row, column, text):
+    def change(frame):
+        frame.loc[row, column] = text
+        return frame
+    return change
+
+
 def test_missing_or_bad_field_is_named(toy_profile, tmp_path):
-    toy_profile.save(tmp_path)
-    ops = pd.read_csv(tmp_path / "ops.csv", dtype=str, keep_default_na=False).drop(columns=["duration_s"])
-    ops.to_csv(tmp_path / "ops.csv", index=False)
+    save_with(toy_profile, tmp_path, "ops", lambda ops: ops.drop(columns=["duration_s"]))
     with pytest.raises(ProfileError, match="ops.csv: missing field.*'duration_s'"):
         Profile.load(tmp_path)
-    toy_profile.save(tmp_path)
-    mem = pd.read_csv(tmp_path / "memory.csv", dtype=str, keep_default_na=False)
-    mem.loc[3, "bytes"] = "lots"
-    mem.to_csv(tmp_path / "memory.csv", index=False)
+    save_with(toy_profile, tmp_path, "memory", set_cell(3, "bytes", "lots"))
     with pytest.raises(ProfileError, match="memory.csv: field 'bytes', row 4: cannot read 'lots'"):
         Profile.load(tmp_path)
 
 
 def test_truncated_and_inconsistent_folders(toy_profile, tmp_path):
-    toy_profile.save(tmp_path)
-    tensors = pd.read_csv(tmp_path / "tensors.csv", dtype=str, keep_default_na=False)
-    tensors.iloc[:-2].to_csv(tmp_path / "tensors.csv", index=False)
+    save_with(toy_profile, tmp_path, "tensors", lambda tensors: tensors.iloc[:-2])
     with pytest.raises(ProfileError, match="tensors.csv: .* rows, the header promises"):
         Profile.load(tmp_path)
     toy_profile.save(tmp_path)
@@ -95,10 +102,7 @@ def test_truncated_and_inconsistent_folders(toy_profile, tmp_path):
     (tmp_path / "profile.json").write_text(json.dumps(header))
     with pytest.raises(ProfileError, match="missing field 'link'"):
         Profile.load(tmp_path)
-    toy_profile.save(tmp_path)
-    ops = pd.read_csv(tmp_path / "ops.csv", dtype=str, keep_default_na=False)
-    ops.loc[0, "inputs"] = "999"
-    ops.to_csv(tmp_path / "ops.csv", index=False)
+    save_with(toy_profile, tmp_path, "ops", set_cell(0, "inputs", "999"))
     with pytest.raises(ProfileError, match="ops.csv field 'inputs': unknown tensors"):
         Profile.load(tmp_path)
 
