@@ -37,7 +37,6 @@ import fig17_20_batch_sweep as batch_sweep
 import fig21_22_resnext3d as resnext
 import matplotlib.pyplot as plt
 from pooch_ext.links import PRESETS, Link
-from pooch_ext.policies import get_policy
 from pooch_ext.simulator import minimum_budget
 from pooch_ext.synthetic import random_profile
 
@@ -92,13 +91,14 @@ def plot_hosts(table: pd.DataFrame, path) -> None:
 
 
 # ---------------------------------------------------------------- 2. classification time
-def _timed(p, budget, link, repeat: int) -> dict:
+def _timed(p, budget: int, link: str, repeat: int) -> dict:
+    """Seconds (best of ``repeat``) and feasibility of pooch and pooch-paper on ``p``."""
     out = {}
-    for name, extra in (("pooch", {}), ("pooch-paper", {"refine": False})):
+    for name in ("pooch", "pooch-paper"):
         seconds = []
         for _ in range(repeat):
             started = time.perf_counter()
-            plan = get_policy("pooch").classify(p, budget, link, **extra)
+            plan = common.classify(p, name, link, budget)
             seconds.append(time.perf_counter() - started)
         out[f"{name}_seconds"] = min(seconds)
         out[f"{name}_feasible"] = plan.feasible

@@ -33,7 +33,6 @@ from pooch_ext.policies import get_policy  # noqa: E402
 from pooch_ext.profile import Profile  # noqa: E402
 from pooch_ext.simulator import minimum_budget  # noqa: E402
 from pooch_ext.units import parse_bytes  # noqa: E402
-from resnet50_memory import markdown  # noqa: E402,F401  (re-exported: one pipe-table writer)
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 PAPER_GPU, PAPER_CONV = "v100-16gb", "cudnn"
@@ -165,6 +164,13 @@ def cli(main: Callable[[list[str] | None], int]) -> int:
     except (PoochError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+
+
+def markdown(table: pd.DataFrame) -> str:
+    """A pipe table (no tabulate dependency)."""
+    lines = ["| " + " | ".join(table.columns) + " |", "|" + "---|" * len(table.columns)]
+    lines += ["| " + " | ".join(str(v) for v in row) + " |" for row in table.itertuples(index=False)]
+    return "\n".join(lines)
 
 
 def write_csv(frame: pd.DataFrame, path: Path) -> Path:

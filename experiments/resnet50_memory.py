@@ -18,6 +18,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
+from common import RESULTS, markdown  # noqa: E402
 from pooch_ext.analytic import analytic_profile  # noqa: E402
 
 GIB, GB = 1 << 30, 1e9
@@ -60,7 +61,7 @@ def plot(table: pd.DataFrame, path: Path, gpu: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gpu", default="v100-16gb")
-    parser.add_argument("--out-dir", default=str(Path(__file__).resolve().parent.parent / "results"))
+    parser.add_argument("--out-dir", default=str(RESULTS))
     args = parser.parse_args(argv)
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -71,13 +72,6 @@ def main(argv: list[str] | None = None) -> int:
                           "resident_gib", "fits"]]))
     print(f"wrote {out / 'resnet50_memory.csv'} and {out / 'resnet50_memory.png'}")
     return 0
-
-
-def markdown(table: pd.DataFrame) -> str:
-    """A pipe table (no tabulate dependency)."""
-    lines = ["| " + " | ".join(table.columns) + " |", "|" + "---|" * len(table.columns)]
-    lines += ["| " + " | ".join(str(v) for v in row) + " |" for row in table.itertuples(index=False)]
-    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -32,6 +32,17 @@ def check_outputs(folder: Path, csvs: list[str], pngs: list[str]) -> dict[str, p
     return tables
 
 
+def test_resnet50_memory(tmp_path):
+    import resnet50_memory as fig
+
+    table = fig.memory_table(batches=[128, 256])
+    assert list(table.fits) == [True, False]    # the paper: batch 256 and above do not fit
+    fig.plot(table, tmp_path / "memory.png", "v100-16gb")
+    check_outputs(tmp_path, [], ["memory.png"])
+    lines = common.markdown(table[["batch", "fits"]]).splitlines()
+    assert lines == ["| batch | fits |", "|---|---|", "| 128 | True |", "| 256 | False |"]
+
+
 def test_fig15_16(tmp_path):
     import fig15_16_each_optimization as fig
 

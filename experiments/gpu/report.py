@@ -72,7 +72,7 @@ def targets(runs: pd.DataFrame) -> pd.DataFrame:
                 rows.append(_row(model, link, f"pooch faster than {rival} (time ratio)",
                                  pooch_s / rival_s, 1.0, pooch_s < rival_s, fraction))
             else:
-                rival_rows = at_min[at_min.policy == rival] if len(at_min) else at_min
+                rival_rows = at_min[at_min.policy == rival]
                 failed = group[(group.policy == rival) & np.isclose(group.budget_fraction, smallest)]
                 note = "; ".join(sorted(set(failed.status))) if len(failed) else "not run"
                 passed = True if (pooch_s == pooch_s and len(failed)
