@@ -13,8 +13,9 @@ with all feature maps still alive; the class-dependent lifetimes are subtracted 
 
 ``Lifetimes`` is the static half of a plan: for given classes, where each map is needed in
 backward, where recompute runs, and when each map is dropped for good. Feasibility under a
-budget follows from it alone (``min_top``), since every dynamic choice of the simulator (when
-a swap-out is released, when a swap-in starts) can fall back to the tightest one.
+budget follows from it alone (``static_top`` with ``minimal``), since every dynamic choice
+of the simulator (when a swap-out is released, when a swap-in starts) can fall back to the
+tightest one.
 """
 from __future__ import annotations
 

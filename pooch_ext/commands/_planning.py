@@ -1,4 +1,5 @@
-"""What ``classify`` and ``simulate`` share: arguments, budget checks, the plan summary."""
+"""What ``classify`` and ``simulate`` share: arguments, budget checks, the plan summary and
+the files they write."""
 from __future__ import annotations
 
 import argparse

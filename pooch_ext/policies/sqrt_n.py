@@ -1,8 +1,8 @@
 """sqrt-n: checkpointing of Chen et al. (2016), recompute only.
 
 Every k-th feature map (in execution order) is a checkpoint and kept; all others are
-recomputed (kept where they cannot be). k = sqrt(n) is Chen's choice; when that does not fit
-the budget, or a sparser spacing is faster and fits, the fastest fitting k wins. A budget no
+recomputed (kept where they cannot be). k = sqrt(n) is Chen's choice; every spacing is
+tried and the fastest that fits the budget wins (ties: the one nearest sqrt(n)). A budget no
 spacing fits gives an infeasible plan: recomputation alone cannot go lower.
 """
 from __future__ import annotations
