@@ -97,6 +97,8 @@ def dense_layout(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int
 
 
 class WallTimer:
+    """Times host work with the wall clock (``HostSimDevice.timer``)."""
+
     __slots__ = ("start_t", "end_t")
 
     def __init__(self) -> None:
@@ -141,7 +143,8 @@ class HostSimDevice:
 
     # ------------------------------------------------------------ setup
     @property
-    def xp(self):
+    def xp(self) -> Any:
+        """The array module of this device's arrays (NumPy)."""
         return np
 
     def capacity_bytes(self) -> int:
@@ -240,6 +243,8 @@ class HostSimDevice:
 # ---------------------------------------------------------------------------------- CuPy
 
 class EventTimer:
+    """Times GPU work with two CUDA events on the current stream (``CupyDevice.timer``)."""
+
     __slots__ = ("cupy", "begin", "end")
 
     def __init__(self, cupy) -> None:
@@ -332,7 +337,8 @@ class CupyDevice:
         self.listener = None
 
     @property
-    def xp(self):
+    def xp(self) -> Any:
+        """The array module of this device's arrays (CuPy)."""
         return self.cupy
 
     def capacity_bytes(self) -> int:

@@ -35,6 +35,8 @@ _TAG = "_pooch_tag"   # attribute set on VariableNodes / FunctionNodes: (recordi
 
 @dataclass
 class TensorRecord:
+    """One tensor of the iteration: a network input or a forward op's output."""
+
     tid: int
     shape: tuple[int, ...]
     dtype: str
@@ -44,6 +46,8 @@ class TensorRecord:
 
 @dataclass
 class OpRecord:
+    """One forward function as Chainer ran it, with what it keeps for its backward."""
+
     index: int
     name: str              # type(function).__name__
     label: str             # path of the innermost link that called it, "" if none

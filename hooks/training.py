@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 
@@ -72,6 +72,8 @@ def make_optimizer(model: chainer.Link, name: str = "momentum") -> chainer.Optim
 
 @dataclass
 class TrainResult:
+    """Per-iteration losses and times of one training run, and how it ended."""
+
     losses: list[float] = field(default_factory=list)
     seconds: list[float] = field(default_factory=list)       # wall time of each iteration
     cpu_seconds: list[float] = field(default_factory=list)   # process CPU time of each
@@ -138,7 +140,7 @@ def train(model: chainer.Link, optimizer: chainer.Optimizer, batches: Iterable,
 
 
 @contextmanager
-def hooks_out(runtime: Any):
+def hooks_out(runtime: Any) -> Iterator[None]:
     """PoocH's function and link hooks out of Chainer's hook tables for a while: what runs
     meanwhile is plain Chainer, unobserved."""
     functions, links = chainer.get_function_hooks(), chainer._get_link_hooks()
@@ -161,7 +163,8 @@ class _RandomStreams:
             self.cupy = [cupy.random.RandomState(seed) for _ in range(n)]
 
     @contextmanager
-    def use(self, k: int):
+    def use(self, k: int) -> Iterator[None]:
+        """Draw from model ``k``'s streams inside the block; they go on where they stopped."""
         np.random.set_state(self.numpy[k])
         if self.cupy is not None:
             import cupy

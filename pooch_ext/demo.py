@@ -22,14 +22,15 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 OUT = Path("results") / "demo"
 
 
-def teacher_batches(n: int, batch: int, shape: tuple[int, ...], n_classes: int, xp=np,
-                    seed: int = 7, distinct: int = 8) -> list:
+def teacher_batches(n: int, batch: int, shape: tuple[int, ...], n_classes: int, xp: Any = np,
+                    seed: int = 7, distinct: int = 8) -> list[tuple[Any, Any]]:
     """``n`` batches cycling over ``distinct`` fixed ones (a small data set, several epochs):
     inputs with labels a fixed random linear map of their 4x4-pooled pixels decides."""
     rng = np.random.RandomState(seed)
@@ -86,7 +87,7 @@ def _plot_losses(path: Path, plain: list[float], pooch: list[float], profile_ite
     plt.close(fig)
 
 
-def _plot_timeline(path: Path, pooch) -> str:
+def _plot_timeline(path: Path, pooch: Any) -> str:
     """The simulator's own timeline figure of the executed plan."""
     from pooch_ext.timeline_plot import plot_timeline
 
@@ -95,6 +96,7 @@ def _plot_timeline(path: Path, pooch) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the demo (see the module docstring); 0 when PoocH trained bit-identically."""
     args = _parse(argv)
     from tqdm import tqdm
 

@@ -313,6 +313,7 @@ class ModelSnapshot:
         return current
 
     def restore(self) -> None:
+        """Put the snapshot back into the model (arrays in place where the shapes agree)."""
         for param, array, (grad_valid, grad) in self.params:
             # a lazily initialised parameter the failed attempt initialised goes back to None
             param.array = None if array is None else self._put(param.array, array)
