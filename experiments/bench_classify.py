@@ -36,7 +36,7 @@ def _parse(argv):
     return parser.parse_args(argv)
 
 
-def main(argv=None) -> int:
+def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     import pandas as pd
     from tqdm import tqdm

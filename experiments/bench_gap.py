@@ -69,7 +69,7 @@ def _case(profile, link, frac, name):
     return row
 
 
-def main(argv=None) -> int:
+def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     import pandas as pd
     from tqdm import tqdm

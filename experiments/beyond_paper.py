@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -52,7 +53,9 @@ BANDWIDTH_CASES = (("v100-16gb", 512), ("h100", 2432))
 
 
 # ---------------------------------------------------------------- 1. today's hosts
-def hosts(batches, sides, links, conv: str, budget=None) -> pd.DataFrame:
+def hosts(batches: list[int], sides: list[int], links: list[str], conv: str,
+          budget: str | int | None = None) -> pd.DataFrame:
+    """The ResNet-50 batch sweep and the ResNeXt-101 3D size sweep on the H100."""
     rn = batch_sweep.sweep({"resnet50": batches}, links, budget, gpu=GPU, conv=conv,
                            desc="hosts: resnet50")
     rx = resnext.sweep(resnext.sizes(128, sides), links, budget, gpu=GPU, conv=conv,
@@ -60,7 +63,8 @@ def hosts(batches, sides, links, conv: str, budget=None) -> pd.DataFrame:
     return pd.concat([rn, rx.drop(columns="voxels")], ignore_index=True)
 
 
-def plot_hosts(table: pd.DataFrame, path) -> None:
+def plot_hosts(table: pd.DataFrame, path: Path) -> None:
+    """Relative speed against in-core memory, one panel per (network, link)."""
     models = list(dict.fromkeys(table.model))
     links = list(dict.fromkeys(table.link))
     fig, axes = plt.subplots(len(models), len(links), figsize=(5.4 * len(links),
@@ -105,7 +109,8 @@ def _timed(p, budget: int, link: str, repeat: int) -> dict:
     return out
 
 
-def layers(depths, seeds: int, repeat: int, real=REAL) -> pd.DataFrame:
+def layers(depths: list[int], seeds: int, repeat: int, real=REAL) -> pd.DataFrame:
+    """Classification seconds of the paper's networks and of random graphs of each depth."""
     rows = []
     jobs = [("real", m, b, s) for m, b, s in real] + \
            [("synthetic", n, seed, None) for n in depths for seed in range(seeds)]
@@ -124,7 +129,8 @@ def layers(depths, seeds: int, repeat: int, real=REAL) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def plot_layers(table: pd.DataFrame, path) -> None:
+def plot_layers(table: pd.DataFrame, path: Path) -> None:
+    """Classification seconds against forward ops (log-log), the paper's 2 minutes marked."""
     fig, ax = plt.subplots(figsize=(7, 4.6))
     syn = table[table.kind == "synthetic"].groupby("forward_ops", as_index=False).median(
         numeric_only=True)
@@ -153,7 +159,9 @@ def plot_layers(table: pd.DataFrame, path) -> None:
 
 
 # ---------------------------------------------------------------- 3. link bandwidth
-def bandwidth(gbps, cases=BANDWIDTH_CASES, budget=None) -> pd.DataFrame:
+def bandwidth(gbps: list[float], cases=BANDWIDTH_CASES,
+              budget: str | int | None = None) -> pd.DataFrame:
+    """PoocH's and superneurons' plans as the link's bandwidth grows, with class fractions."""
     rows = []
     jobs = [(gpu, batch, g) for gpu, batch in cases for g in gbps]
     for gpu, batch, g in tqdm(jobs, desc="bandwidth", unit="link", leave=False):
@@ -169,7 +177,8 @@ def bandwidth(gbps, cases=BANDWIDTH_CASES, budget=None) -> pd.DataFrame:
     return table
 
 
-def plot_bandwidth(table: pd.DataFrame, path) -> None:
+def plot_bandwidth(table: pd.DataFrame, path: Path) -> None:
+    """The class mix against bandwidth per GPU, then against the link-to-compute ratio."""
     gpus = list(dict.fromkeys(table.gpu))
     fig, axes = plt.subplots(2, max(2, len(gpus)), figsize=(11, 7.5), squeeze=False)
     pooch = table[table.policy == "pooch"]
@@ -215,7 +224,7 @@ def plot_bandwidth(table: pd.DataFrame, path) -> None:
     common.save(fig, path)
 
 
-def main(argv=None) -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = common.parser(__doc__, OUT)
     ap.add_argument("--parts", nargs="+", default=["hosts", "layers", "bandwidth"],
                     choices=["hosts", "layers", "bandwidth"])

@@ -182,7 +182,7 @@ def write_csv(frame: pd.DataFrame, path: Path) -> Path:
     return path
 
 
-def plot_line(ax, sel: pd.DataFrame, style: str, label: str, x: str = "batch",
+def plot_line(ax: plt.Axes, sel: pd.DataFrame, style: str, label: str, x: str = "batch",
               y: str = "samples_per_s", **kw) -> None:
     """A policy's feasible runs as a line; its failures as x on the x axis."""
     color, marker = STYLE[style]
@@ -194,7 +194,7 @@ def plot_line(ax, sel: pd.DataFrame, style: str, label: str, x: str = "batch",
                 transform=ax.get_xaxis_transform(), label=f"{label}: fails")
 
 
-def plot_methods(ax, sel: pd.DataFrame, x: str = "batch", y: str = "samples_per_s",
+def plot_methods(ax: plt.Axes, sel: pd.DataFrame, x: str = "batch", y: str = "samples_per_s",
                  y_unlimited: str = "incore_unlimited_samples_per_s") -> None:
     """In-core (filled where it fits, hollow at its no-memory-limit speed where it does not),
     superneurons, PoocH's paper steps and PoocH, from the rows of one problem series."""
@@ -211,6 +211,7 @@ def plot_methods(ax, sel: pd.DataFrame, x: str = "batch", y: str = "samples_per_
 
 
 def save(fig: plt.Figure, path: Path) -> Path:
+    """Write ``fig`` to ``path`` (folders made) and close it."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -219,5 +220,6 @@ def save(fig: plt.Figure, path: Path) -> Path:
 
 
 def report(paths: Iterable[Path]) -> None:
+    """Say what a script wrote, one line per file."""
     for path in paths:
         print(f"wrote {path}")

@@ -17,6 +17,7 @@ Writes <out>/fig15_16.csv (one row per network, link and method, with ``speedup`
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -34,11 +35,15 @@ LABELS = {"swap-all-nosched": "swap-all (w/o sched.)", "swap-all": "swap-all",
 
 
 def case(text: str) -> tuple[str, int]:
+    """argparse type: 'model:batch' -> (model, batch)."""
     model, _, batch = text.partition(":")
     return model, common.ints(batch)[0]
 
 
-def measure(cases, links, budget=None) -> pd.DataFrame:
+def measure(cases: list[tuple[str, int]], links: list[str],
+            budget: str | int | None = None) -> pd.DataFrame:
+    """Every method on every (network, link), with its speed-up over swap-all w/o scheduling
+    and the in-core ceiling on the same scale."""
     rows = []
     jobs = [(m, b, link) for m, b in cases for link in links]
     for model, batch, link in tqdm(jobs, desc="fig15/16", unit="case", leave=False):
@@ -56,7 +61,8 @@ def measure(cases, links, budget=None) -> pd.DataFrame:
     return table
 
 
-def plot(table: pd.DataFrame, path):
+def plot(table: pd.DataFrame, path: Path) -> Path:
+    """Grouped bars of the speed-ups, one panel per link (the paper's two figures)."""
     links = list(dict.fromkeys(table.link))
     models = list(dict.fromkeys(table.model))
     fig, axes = plt.subplots(1, len(links), figsize=(5.2 * len(links), 4.2), sharey=True,
@@ -87,7 +93,7 @@ def plot(table: pd.DataFrame, path):
     return common.save(fig, path)
 
 
-def main(argv=None) -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = common.parser(__doc__, OUT)
     ap.add_argument("--cases", nargs="+", type=case, default=[case(c) for c in CASES],
                     help="model:batch pairs (default %(default)s)")

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 import sys
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -127,7 +128,8 @@ def summary(table: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
-def plot(table: pd.DataFrame, model: str, path) -> None:
+def plot(table: pd.DataFrame, model: str, path: Path) -> None:
+    """Images/s against batch size for ``model``, one panel per link, the paper's marks beside."""
     links = list(dict.fromkeys(table.link))
     fig, axes = plt.subplots(1, len(links), figsize=(5.6 * len(links), 4.4), sharey=True,
                              squeeze=False)
@@ -157,7 +159,7 @@ def plot(table: pd.DataFrame, model: str, path) -> None:
     common.save(fig, path)
 
 
-def main(argv=None) -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = common.parser(__doc__, OUT)
     ap.add_argument("--resnet50", type=common.ints, default=list(range(64, 641, 64)),
                     help="ResNet-50 batches: 64,128 or start:stop:step (default 64..640)")

@@ -19,6 +19,7 @@ Writes <out>/fig21_22.csv, <out>/fig21_22_summary.csv and <out>/fig21_22.png.
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -33,7 +34,8 @@ POLICIES = ("in-core", "superneurons", "pooch-paper", "pooch")
 GB = 1e9
 
 
-def sizes(frames: int, sides) -> list[str]:
+def sizes(frames: int, sides: list[int]) -> list[str]:
+    """Input sizes '3xTxHxW' of clips of ``frames`` frames with H = W in ``sides``."""
     return [f"3x{frames}x{s}x{s}" for s in sides]
 
 
@@ -67,7 +69,8 @@ def summary(table: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def plot(table: pd.DataFrame, path, title: str) -> None:
+def plot(table: pd.DataFrame, path: Path, title: str) -> None:
+    """Memory against input size, then relative speed per link (the paper's two figures)."""
     links = list(dict.fromkeys(table.link))
     fig, axes = plt.subplots(1, 1 + len(links), figsize=(4.8 * (1 + len(links)), 4.3),
                              squeeze=False)
@@ -97,7 +100,7 @@ def plot(table: pd.DataFrame, path, title: str) -> None:
     common.save(fig, path)
 
 
-def main(argv=None) -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = common.parser(__doc__, OUT)
     ap.add_argument("--frames", type=int, default=128, help="clip length T (default 128)")
     ap.add_argument("--sides", type=common.ints, default=list(range(224, 705, 32)),

@@ -34,7 +34,7 @@ EXPERIMENTS = {
 }
 
 
-def run(names, out: Path, quiet: bool = False) -> pd.DataFrame:
+def run(names: list[str], out: Path, quiet: bool = False) -> pd.DataFrame:
     """Run the named experiments' ``main`` into ``out``; their seconds, one row each."""
     rows = []
     bar = tqdm(names, desc="experiments", unit="exp")
@@ -53,7 +53,7 @@ def run(names, out: Path, quiet: bool = False) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def main(argv=None) -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out-dir", type=Path, default=common.RESULTS)
     ap.add_argument("--only", nargs="+", choices=list(EXPERIMENTS), default=list(EXPERIMENTS))

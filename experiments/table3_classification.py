@@ -14,6 +14,7 @@ Writes <out>/table3.csv, <out>/table3_by_function.csv, <out>/plan_<policy>_<link
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import pandas as pd
 from matplotlib.patches import Patch
@@ -21,6 +22,7 @@ from tqdm import tqdm
 
 import common
 import matplotlib.pyplot as plt
+from pooch_ext.profile import Profile
 
 OUT = common.RESULTS / "table3"
 POLICIES = ("pooch", "pooch-paper", "superneurons")
@@ -38,7 +40,8 @@ def paper_counts(model: str, batch: int, policy: str,
     return PAPER.get(("pooch" if policy == "pooch-paper" else policy, link))
 
 
-def classify_all(model: str, batch: int, links, budget=None):
+def classify_all(model: str, batch: int, links: list[str],
+                 budget: str | int | None = None) -> tuple[Profile, dict, pd.DataFrame]:
     """Each (policy, link): its plan and its row with the paper's counts beside ours."""
     p = common.profile(model, batch)
     plans, rows = {}, []
@@ -65,7 +68,7 @@ def by_function(plans: dict) -> pd.DataFrame:
                                                  "recompute"]]
 
 
-def plot(p, plans: dict, path) -> None:
+def plot(p: Profile, plans: dict, path: Path) -> None:
     """One strip per plan: each feature map (forward order) coloured by its class."""
     order = p.feature_maps.sort_values("tensor")
     position = {int(t): k for k, t in enumerate(order["tensor"])}
@@ -90,7 +93,7 @@ def plot(p, plans: dict, path) -> None:
     common.save(fig, path)
 
 
-def main(argv=None) -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = common.parser(__doc__, OUT)
     ap.add_argument("--model", default="resnet50")
     ap.add_argument("--batch", type=int, default=512)
