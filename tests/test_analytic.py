@@ -1,7 +1,6 @@
 """Analytic profiles: real traced graphs, exact rescaling, the paper's memory figures."""
 from __future__ import annotations
 
-import time
 
 import numpy as np
 import pytest
@@ -131,9 +130,7 @@ def test_resnext3d_input_sweep_runs_without_materialising():
     """The paper's Figure 4 sweep (batch 1, memory up to ~58 GB) is only shape arithmetic."""
     trace_model("resnext101-3d")
     hits = _trace_cached.cache_info().hits
-    start = time.perf_counter()
     peaks = [analytic_profile("resnext101-3d", 1, size).incore_peak_bytes
              for size in ((3, 16, 112, 112), (3, 64, 224, 224), (3, 128, 448, 448))]
-    assert time.perf_counter() - start < 10
-    assert _trace_cached.cache_info().hits == hits + 3
+    assert _trace_cached.cache_info().hits == hits + 3   # the one small trace, rescaled
     assert peaks[0] < peaks[1] < peaks[2] and peaks[2] > 16 * GB
