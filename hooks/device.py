@@ -7,11 +7,11 @@ Both offer the same small interface, so hooks/executor.py has one code path:
   device copy be dropped); ``swap_in(t) -> array`` allocates a device array and starts the
   host -> device copy; ``wait_swap_in(t)`` makes compute wait for it; ``discard(t)`` gives the
   host buffer back.
-* ``track(array)`` / ``check(where)`` / ``used_bytes`` / ``peak_bytes``: memory accounting. The
-  CuPy pool accounts for itself (``MemoryPool.set_limit`` enforces the budget); the host
-  simulation counts the bytes of the arrays the graph holds (each underlying buffer once, freed
-  when Python frees it) plus the resident bytes, and raises ``DeviceOutOfMemoryError`` over
-  its budget.
+* ``track(array)`` / ``check(where)`` / ``used_bytes()`` / ``peak`` (since ``reset_peak()``):
+  memory accounting. The CuPy pool accounts for itself (``MemoryPool.set_limit`` enforces the
+  budget); the host simulation counts the bytes of the arrays the graph holds (each underlying
+  buffer once, freed when Python frees it) plus the resident bytes, and raises
+  ``DeviceOutOfMemoryError`` over its budget.
 * ``timer()`` times compute (CUDA events on the GPU, the wall clock on the host).
 
 The host simulation moves real NumPy arrays to a separate host store, so every executor

@@ -69,7 +69,8 @@ class GraphTrace:
     backward_order: list[int] = field(default_factory=list)
 
     def signature(self) -> tuple:
-        """What must match for a plan to apply: op names and tensor shapes/dtypes."""
+        """What must match for a plan to apply: op names with their tensor ids, tensor
+        shapes/dtypes and the backward order."""
         return (tuple((op.name, tuple(op.inputs), tuple(op.outputs)) for op in self.ops),
                 tuple((t.shape, t.dtype) for t in self.tensors), tuple(self.backward_order))
 
