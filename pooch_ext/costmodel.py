@@ -42,7 +42,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from pooch_ext.errors import PoochError, UnknownNameError
+from pooch_ext.errors import PoochError, check_name
 
 Shape = tuple[int, ...]
 
@@ -86,10 +86,8 @@ def get_gpu(name: str | GPU) -> GPU:
     """A preset by name (or the GPU itself); unknown names list the presets."""
     if isinstance(name, GPU):
         return name
-    try:
-        return GPUS[name]
-    except KeyError:
-        raise UnknownNameError(f"unknown GPU {name!r}; known: {', '.join(GPUS)}") from None
+    check_name(name, GPUS, "GPU")
+    return GPUS[name]
 
 
 CONV_IMPLS = ("im2col", "cudnn")
@@ -97,19 +95,14 @@ CONV_IMPLS = ("im2col", "cudnn")
 
 def check_conv_impl(name: str) -> str:
     """'im2col' (Chainer + CuPy without cuDNN) or 'cudnn' (the paper's Chainer + cuDNN)."""
-    if name not in CONV_IMPLS:
-        raise UnknownNameError(f"unknown convolution implementation {name!r}; known: "
-                               f"{', '.join(CONV_IMPLS)}")
+    check_name(name, CONV_IMPLS, "convolution implementation")
     return name
 
 
 def optimizer_states(optimizer: str) -> int:
     """State arrays the optimizer keeps per parameter; unknown names list the known ones."""
-    try:
-        return OPTIMIZER_STATES[optimizer]
-    except KeyError:
-        raise UnknownNameError(f"unknown optimizer {optimizer!r}; "
-                               f"known: {', '.join(OPTIMIZER_STATES)}") from None
+    check_name(optimizer, OPTIMIZER_STATES, "optimizer")
+    return OPTIMIZER_STATES[optimizer]
 
 
 def resident_bytes(param_bytes: int, optimizer: str = "momentum_sgd") -> int:

@@ -1,6 +1,8 @@
 """Exceptions users can catch; the CLI prints their message as a one-line error."""
 from __future__ import annotations
 
+from typing import Iterable
+
 from pooch_ext.units import format_bytes
 
 
@@ -17,6 +19,13 @@ class UnknownNameError(PoochError, KeyError):
 
     def __str__(self) -> str:  # KeyError would quote the message
         return str(self.args[0]) if self.args else ""
+
+
+def check_name(name: object, known: Iterable[str], what: str) -> None:
+    """Raise UnknownNameError("unknown <what> 'name'; known: a, b, ...") unless ``name`` is known."""
+    known = list(known)
+    if name not in known:
+        raise UnknownNameError(f"unknown {what} {name!r}; known: {', '.join(known)}")
 
 
 class BudgetTooSmallError(PoochError):

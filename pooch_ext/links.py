@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pooch_ext.errors import UnknownNameError
+from pooch_ext.errors import check_name
 
 GB = 1e9
 
@@ -52,8 +52,5 @@ def get_link(name: str | Link) -> Link:
     """A preset by name (or the Link itself); unknown names list the presets."""
     if isinstance(name, Link):
         return name
-    try:
-        return PRESETS[name]
-    except KeyError:
-        raise UnknownNameError(
-            f"unknown link {name!r}; known: {', '.join(PRESETS)}") from None
+    check_name(name, PRESETS, "link")
+    return PRESETS[name]

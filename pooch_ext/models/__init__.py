@@ -13,7 +13,7 @@ from typing import Callable
 import pooch_ext  # noqa: F401  (chainer import compat)
 import chainer
 
-from pooch_ext.errors import UnknownNameError
+from pooch_ext.errors import check_name
 from pooch_ext.models.alexnet import AlexNet
 from pooch_ext.models.resnet50 import ResNet50
 from pooch_ext.models.resnext3d import ResNeXt101_3D
@@ -32,10 +32,8 @@ MODEL_NAMES: tuple[str, ...] = tuple(_REGISTRY)
 
 
 def _entry(name: str):
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        raise UnknownNameError(f"unknown model {name!r}; known: {', '.join(MODEL_NAMES)}") from None
+    check_name(name, MODEL_NAMES, "model")
+    return _REGISTRY[name]
 
 
 def get_model(name: str, n_classes: int | None = None) -> chainer.Chain:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-from pooch_ext.errors import UnknownNameError
+from pooch_ext.errors import check_name
 
 POLICY_NAMES = ("pooch", "swap-opt", "swap-all", "swap-all-nosched", "in-core", "superneurons",
                 "vdnn-all", "vdnn-conv", "sqrt-n")
@@ -18,6 +18,5 @@ POLICY_NAMES = ("pooch", "swap-opt", "swap-all", "swap-all-nosched", "in-core", 
 
 def get_policy(name: str) -> ModuleType:
     """The policy module called ``name``; it has ``classify(profile, budget, link) -> Plan``."""
-    if name not in POLICY_NAMES:
-        raise UnknownNameError(f"unknown policy {name!r}; known: {', '.join(POLICY_NAMES)}")
+    check_name(name, POLICY_NAMES, "policy")
     return importlib.import_module(f"pooch_ext.policies.{name.replace('-', '_')}")
