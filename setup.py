@@ -1,5 +1,8 @@
 """pooch-ext: profiling-based out-of-core training (PoocH) for Chainer 7."""
+from pathlib import Path
+
 from setuptools import setup
+from setuptools.command.build_py import build_py
 
 PACKAGES = [
     "pooch_ext",
@@ -9,6 +12,32 @@ PACKAGES = [
     "pooch_ext.hooks",
 ]
 
+# One line run at interpreter start-up from site-packages: it only installs a meta-path finder
+# (nothing is imported), so that ``import chainer`` works on NumPy 2 without importing pooch_ext
+# first (_pooch_ext_chainer_hook.py, pooch_ext/_compat.py). Its name sorts after setuptools'
+# ``__editable__.*.pth``, whose finder must already be in place for an editable install.
+PTH_NAME = "pooch_ext_chainer.pth"
+PTH_LINE = "import _pooch_ext_chainer_hook; _pooch_ext_chainer_hook.install()\n"
+
+
+class BuildPyWithPth(build_py):
+    """build_py that also writes PTH_NAME to the top of the installed tree: into build_lib for
+    a wheel (``pip install .``), and into the editable wheel itself for ``pip install -e .``
+    (setuptools >= 64 leaves build_lib out of it and builds the wheel in install_lib)."""
+
+    def run(self) -> None:
+        super().run()
+        folders = [self.build_lib]
+        if getattr(self, "editable_mode", False):
+            folders.append(self.get_finalized_command("install").install_lib)
+        for folder in folders:
+            Path(folder).mkdir(parents=True, exist_ok=True)
+            Path(folder, PTH_NAME).write_text(PTH_LINE)
+
+    def get_outputs(self, include_bytecode: bool = True) -> list[str]:
+        return super().get_outputs(include_bytecode) + [str(Path(self.build_lib, PTH_NAME))]
+
+
 setup(
     name="pooch-ext",
     version="0.1.0",
@@ -17,6 +46,8 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.11",
     packages=PACKAGES,
+    py_modules=["_pooch_ext_chainer_hook"],
+    cmdclass={"build_py": BuildPyWithPth},
     # hooks/ lives at the top level of the repository (it is the part that touches
     # Chainer and CuPy at run time) but installs as pooch_ext.hooks.
     package_dir={"pooch_ext.hooks": "hooks"},

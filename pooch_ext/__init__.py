@@ -1,6 +1,7 @@
 """pooch-ext: profiling-based out-of-core hybrid training (PoocH) for Chainer 7.
 
-Importing this package makes ``import chainer`` work on NumPy 2 (see ``_compat``).
+Importing this package makes chainer work on NumPy 2 (see ``_compat``); installed, pooch-ext
+does that for ``import chainer`` alone too (``_pooch_ext_chainer_hook``).
 The planning core (profile, simulator, policies, plan) is plain Python + NumPy/pandas.
 """
 from pooch_ext._compat import ensure_chainer_importable

@@ -48,11 +48,13 @@ if [ "${POOCH_INSTALL:-1}" = 1 ]; then
         if ! timeout 120 "$PY" -m pip install -q --no-index --no-deps --no-build-isolation \
                 --no-compile --no-cache-dir --target "$SITE" "$WHEEL" . > "$WORK/install.log" 2>&1; then
             # no setuptools/wheel to build the project with: the wheel, then the sources as they
-            # install (hooks/ is the package pooch_ext.hooks)
+            # install (hooks/ is the package pooch_ext.hooks; pooch_ext/_compat.py imports the
+            # top-level _pooch_ext_chainer_hook)
             stamp "pip could not build the project (see install.log); copying its sources"
             timeout 60 "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$SITE" \
                 "$WHEEL" >> "$WORK/install.log" 2>&1 || { stamp "chainer wheel did not install"; exit 2; }
-            cp -r pooch_ext "$SITE/pooch_ext" && cp -r hooks "$SITE/pooch_ext/hooks"
+            cp -r pooch_ext "$SITE/pooch_ext" && cp -r hooks "$SITE/pooch_ext/hooks" \
+                && cp _pooch_ext_chainer_hook.py "$SITE/"
         fi
         export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
     fi
