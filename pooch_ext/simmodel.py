@@ -19,7 +19,9 @@ tightest one.
 """
 from __future__ import annotations
 
-import weakref
+import hashlib
+import pickle
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
@@ -72,21 +74,35 @@ class SimModel:
         return len(self.tensor)
 
 
-_CACHE: dict[tuple[int, str], tuple[weakref.ref, SimModel]] = {}
+# compiled models by content (``fingerprint``), most recent last: a Profile is mutable, so
+# neither its identity nor a flag on it says whether it still holds what was compiled
+_CACHE: OrderedDict[bytes, SimModel] = OrderedDict()
+CACHE_SIZE = 16
+
+
+def fingerprint(profile: Profile, link: Link | None) -> bytes:
+    """A digest of everything ``_compile`` reads: the three tables (cells included, so edits
+    in place count), resident bytes, the profile's link and ``link``."""
+    digest = hashlib.blake2b(digest_size=20)
+    for frame in (profile.ops, profile.tensors, profile.memory):
+        digest.update(pickle.dumps(frame, protocol=pickle.HIGHEST_PROTOCOL))
+    digest.update(repr((profile.resident_bytes, profile.link, link)).encode())
+    return digest.digest()
 
 
 def compile_profile(profile: Profile, link: Link | str | None = None) -> SimModel:
-    """The SimModel of ``profile`` on ``link`` (None: the profile's own swap times); cached."""
-    link_obj = profile.link if link is None else get_link(link)
-    key = (id(profile), "" if link is None else repr(link_obj))
-    hit = _CACHE.get(key)
-    if hit is not None and hit[0]() is profile:
-        return hit[1]
-    model = _compile(profile, None if link is None else link_obj)
-    _CACHE[key] = (weakref.ref(profile), model)
-    if len(_CACHE) > 64:   # drop entries whose profile is gone
-        for k in [k for k, (ref, _) in _CACHE.items() if ref() is None]:
-            del _CACHE[k]
+    """The SimModel of ``profile`` on ``link`` (None: the profile's own swap times).
+
+    Cached by content, so the result depends only on what the profile holds now."""
+    link_obj = None if link is None else get_link(link)
+    key = fingerprint(profile, link_obj)
+    model = _CACHE.get(key)
+    if model is None:
+        model = _compile(profile, link_obj)
+        _CACHE[key] = model
+        while len(_CACHE) > CACHE_SIZE:
+            _CACHE.popitem(last=False)
+    _CACHE.move_to_end(key)
     return model
 
 

@@ -11,6 +11,7 @@ import pytest
 
 from pooch_ext.links import Link
 from pooch_ext.plan import Plan
+from pooch_ext.profile import Profile
 from pooch_ext.simulator import minimum_budget, schedule_memory, simulate, validate_schedule
 from pooch_ext.synthetic import chain_profile
 
@@ -155,3 +156,17 @@ def test_vdnn_prefetches_one_map_per_op_and_synchronizes_at_the_next(toy_profile
     assert (19, "wait") in actions(plan, 2) and (20, "wait") in actions(plan, 2)
     # map 4 is prefetched at op 12 and waited for right after, at op 13
     assert [b for b, a in actions(plan, 4) if a in ("swap_in", "wait")][:2] == [12, 13]
+
+
+def test_an_edited_profile_simulates_like_a_fresh_equal_one():
+    """Profiles are mutable: the compiled model is found by content, never by identity."""
+    profile = chain()
+    classes = {1: "swap", 2: "swap", 3: "keep"}
+    before = run(profile, classes)[1].iteration_time_s
+    profile.tensors["swap_out_s"] *= 10      # in place, after a simulation compiled it
+    profile.tensors["swap_in_s"] *= 10
+    profile.ops.loc[5, "duration_s"] = 7.0
+    fresh = Profile(profile.ops.copy(), profile.tensors.copy(), profile.memory.copy(),
+                    profile.resident_bytes, profile.device, profile.link, dict(profile.meta))
+    edited = run(profile, classes)[1].iteration_time_s
+    assert edited == run(fresh, classes)[1].iteration_time_s > before + 5
