@@ -78,6 +78,15 @@ def base_of(array: Any) -> Any:
     return array
 
 
+def same_layout_copy(array: np.ndarray) -> np.ndarray:
+    """A copy with the axis order (and, for a dense block such as a convolution's transposed
+    output, the very strides) of ``array``: a C-contiguous copy would change how later
+    kernels traverse it, and with that their rounding (bit-identity)."""
+    copy_ = np.empty_like(array, order="K")
+    np.copyto(copy_, array)
+    return copy_
+
+
 def _layout(array: Any) -> str:
     flags = array.flags
     return "F" if flags.f_contiguous and not flags.c_contiguous else "C"
@@ -199,11 +208,10 @@ class HostSimDevice:
 
     # ------------------------------------------------------------ copies
     def swap_out(self, array: Any, timed: bool = False) -> Transfer:
-        order = _layout(array)
-        host = np.array(array, order=order, copy=True)
+        host = same_layout_copy(array)
         self.host_bytes += host.nbytes
-        return Transfer(int(array.nbytes), tuple(array.shape), array.dtype, order, host,
-                        out_s=self._copy_s("d2h", array.nbytes))
+        return Transfer(int(array.nbytes), tuple(array.shape), array.dtype, _layout(array), host,
+                        out_s=self._copy_s("d2h", array.nbytes), strides=tuple(array.strides))
 
     def finish_swap_out(self, transfer: Transfer) -> None:
         transfer.source = None
@@ -212,7 +220,7 @@ class HostSimDevice:
         if transfer.host is None:
             raise PoochError("swap-in of a map whose host copy was discarded")
         transfer.in_s = self._copy_s("h2d", transfer.nbytes)
-        return np.array(transfer.host, order=transfer.order, copy=True)
+        return same_layout_copy(transfer.host)
 
     def wait_swap_in(self, transfer: Transfer) -> None:
         """Copies on the host are done when they return."""
@@ -511,7 +519,8 @@ def is_array(value: Any) -> bool:
             and not isinstance(value, np.generic))
 
 
-def _grad_of(param: Any) -> Any:
+def grad_of(param: Any) -> Any:
+    """``param.grad`` (set by backward or by hand), or None where cleargrads left none."""
     try:
         return param.grad
     except RuntimeError:      # cleared by cleargrads() and not yet set by backward
@@ -531,7 +540,7 @@ def model_arrays(model: Any) -> set[int]:
     """ids of the buffers a model owns (parameters, gradients, persistent state)."""
     ids = set()
     for param in model.params():
-        for array in (param.array, _grad_of(param)):
+        for array in (param.array, grad_of(param)):
             if array is not None:
                 ids.add(id(base_of(array)))
     for _, _, _, value in persistent_values(model):

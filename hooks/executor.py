@@ -26,7 +26,6 @@ map a backward op needs but lacks is swapped back in or recomputed right before 
 from __future__ import annotations
 
 import time
-import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -54,6 +53,40 @@ class Program:
     input_sources: frozenset[int]                     # network inputs some chain reads
     n_ops: int
     label: str = ""
+    known_inputs: list[list[int]] = field(default_factory=list)   # per op: tensors it reads
+    # that earlier ops made (network inputs are new to every iteration)
+    in_shapes: list[list[tuple]] = field(default_factory=list)    # per op: sorted (shape,
+    # dtype) of everything it reads, parameters included
+
+    def __post_init__(self) -> None:
+        if self.known_inputs:
+            return
+        for op in self.reference.ops:
+            tensors = self.reference.tensors
+            self.known_inputs.append([t for t in op.inputs if tensors[t].producer >= 0])
+            shapes = [(tensors[t].shape, tensors[t].dtype) for t in op.inputs] + \
+                [(shape, dtype) for shape, dtype in op.params]
+            self.in_shapes.append(sorted(shapes))
+
+    def matches(self, index: int, name: str, sources: list, in_data: tuple) -> str:
+        """Why forward op ``index`` (``name`` reading ``in_data``, whose tensors of this
+        iteration are ``sources``) is not the profiled op there; "" when it is. Checked
+        before the op runs, so a mismatch stops the plan before it drops anything."""
+        ops = self.reference.ops
+        if index >= len(ops):
+            return f"forward op {index} ({name}) is beyond the {len(ops)} profiled forward ops"
+        if ops[index].name != name:
+            return f"forward op {index} is {name}, the profiled graph has {ops[index].name}"
+        known = [s for s in sources if s is not None]
+        if known != self.known_inputs[index]:
+            return (f"forward op {index} ({name}) reads tensors {known}, the profiled graph "
+                    f"{self.known_inputs[index]}")
+        shapes = sorted((tuple(int(d) for d in a.shape), str(a.dtype)) for a in in_data
+                        if a is not None)
+        if shapes != self.in_shapes[index]:
+            return (f"forward op {index} ({name}) reads shapes {[s for s, _ in shapes]}, the "
+                    f"profiled graph {[s for s, _ in self.in_shapes[index]]}")
+        return ""
 
 
 def compile_program(trace: GraphTrace, profile: Profile, schedule: pd.DataFrame,
@@ -90,13 +123,14 @@ def compile_program(trace: GraphTrace, profile: Profile, schedule: pd.DataFrame,
 
 @dataclass
 class _Slot:
-    """Where one feature map of the current iteration is, and which references were dropped."""
+    """Where one feature map of the current iteration is, and which references were dropped.
+    A Variable that is alive keeps its array: whoever holds it may read it (PoocH only drops
+    the graph's own references, so the memory goes when the Variable does)."""
 
     state: str = "device"           # device | incoming (swap-in not yet waited) | host | freed
     transfer: Transfer | None = None
     dropped_node: bool = False
     dropped_retained: bool = False
-    variable: Any = None             # weakref to a live Variable whose array was dropped
 
 
 @dataclass
@@ -126,13 +160,20 @@ class Executor(GraphRecorder):
     def __init__(self, model: Any, device: Any, keep_traces: int = 4,
                  on_deviation: Callable[[str], None] | None = None,
                  iteration_done: Callable[[GraphTrace], None] | None = None,
-                 backward_done: Callable[[GraphTrace], None] | None = None) -> None:
+                 backward_done: Callable[[GraphTrace], None] | None = None,
+                 link_added: Callable[[Any], None] | None = None) -> None:
         super().__init__(model, keep_traces)
         self.device = device
         self.program: Program | None = None
         self.on_deviation = on_deviation
         self.iteration_done = iteration_done
         self.backward_done = backward_done
+        self.link_added = link_added
+        self.on_unsupported_run: Callable[[str], None] | None = None
+        self.catalog: Callable[[], list[Program]] = lambda: []   # programs to switch to
+        self.on_switch: Callable[[Program], None] | None = None
+        self.passive = False        # this iteration runs as plain Chainer: nothing is dropped
+        self._in_data: tuple = ()
         self.timed_transfers = False
         self.history: list[IterationStats] = []
         self.stats = IterationStats(-1)
@@ -177,16 +218,11 @@ class Executor(GraphRecorder):
                 return data[where[1]]
         return self._inputs_held.get(tensor)
 
-    def _drop(self, tensor: int, slot: _Slot, keep_user: bool) -> None:
+    def _drop(self, tensor: int, slot: _Slot) -> None:
         node = self._node(tensor)
-        if node is not None:
-            if node._data is not None:
-                node._data = None          # bypass the setter: shape/dtype must stay
-                slot.dropped_node = True
-            variable = node.get_variable_or_none()
-            if variable is not None and variable._data[0] is not None and not keep_user:
-                variable._data[0] = None
-                slot.variable = weakref.ref(variable)
+        if node is not None and node._data is not None:
+            node._data = None          # bypass the setter: shape/dtype must stay
+            slot.dropped_node = True
         where = self._retained_out.get(tensor)
         if where is not None:
             function = self.functions[where[0]]()
@@ -199,9 +235,6 @@ class Executor(GraphRecorder):
         node = self._node(tensor)
         if slot.dropped_node and node is not None:
             node._data = array
-        variable = slot.variable() if slot.variable is not None else None
-        if variable is not None:
-            variable._data[0] = array
         if slot.dropped_retained:
             k, position = self._retained_out[tensor]
             function = self.functions[k]()
@@ -209,7 +242,7 @@ class Executor(GraphRecorder):
                 data = function._retained_output_data
                 function._retained_output_data = data[:position] + (array,) + data[position + 1:]
         slot.dropped_node = slot.dropped_retained = False
-        slot.variable = None
+        self.register_array(array, tensor)
         self.device.track(array, tensor)
 
     def _slot(self, tensor: int) -> _Slot:
@@ -236,13 +269,19 @@ class Executor(GraphRecorder):
         if slot.transfer is None:
             raise ExecutorError(f"release of tensor {tensor} before its swap-out")
         self.device.finish_swap_out(slot.transfer)
-        self._drop(tensor, slot, keep_user=False)
+        self._drop(tensor, slot)
         slot.state = "host"
 
     def _swap_in(self, tensor: int) -> None:
         slot = self._slot(tensor)
         if slot.transfer is None or slot.state != "host":
             raise ExecutorError(f"swap_in of tensor {tensor}: it is not on the host")
+        held = self._held_by_variable(tensor)
+        if held is not None:          # the caller's Variable kept it: no copy needed
+            self._restore(tensor, slot, held)
+            slot.state = "device"
+            self.stats.swap_ins += 1
+            return
         array = self.device.swap_in(slot.transfer, self.timed_transfers)
         self._restore(tensor, slot, array)
         slot.state = "incoming"
@@ -297,13 +336,17 @@ class Executor(GraphRecorder):
         return array
 
     def _free(self, tensor: int, final: bool) -> None:
+        # the host copy (if any) stays until the iteration ends: a later backward pass over
+        # the same graph may need the map again
         slot = self._slot(tensor)
-        self._drop(tensor, slot, keep_user=final)
-        slot.state = "freed"
-        if final and slot.transfer is not None:
-            self.device.discard(slot.transfer)
-            slot.transfer = None
+        self._drop(tensor, slot)
+        slot.state = "host" if final and slot.transfer is not None else "freed"
         self.stats.frees += 1
+
+    def _held_by_variable(self, tensor: int) -> Any:
+        node = self._node(tensor)
+        variable = None if node is None else node.get_variable_or_none()
+        return None if variable is None else variable._data[0]
 
     def _act(self, action: str, tensor: int, final: bool) -> None:
         if action == "swap_out":
@@ -325,14 +368,14 @@ class Executor(GraphRecorder):
         """Run the program's actions of every boundary up to and including ``boundary``."""
         program = self.program
         while self._next_boundary <= boundary:
-            if program is not None and not self.deviation:
+            if program is not None and not self.deviation and not self.passive:
                 for action, tensor, final in program.actions.get(self._next_boundary, ()):
                     self._act(action, tensor, final)
             self._next_boundary += 1
 
     # ------------------------------------------------------------ on demand
     def _on_demand(self) -> bool:
-        return self.program is None or bool(self.deviation)
+        return (self.program is None or bool(self.deviation)) and not self.passive
 
     def _release_unreferenced(self) -> None:
         """Swap out every retained map no Variable refers to any more (its forward is over)."""
@@ -383,16 +426,6 @@ class Executor(GraphRecorder):
         if self.on_deviation is not None:
             self.on_deviation(reason)
 
-    def _check_op(self, index: int, function: Any) -> None:
-        reference = self.program.reference
-        name = type(function).__name__
-        if index >= len(reference.ops):
-            self._deviate(f"forward op {index} ({name}) is beyond the {len(reference.ops)} "
-                          "profiled forward ops")
-        elif reference.ops[index].name != name:
-            self._deviate(f"forward op {index} is {name}, the profiled graph has "
-                          f"{reference.ops[index].name}")
-
     def _check_resolved(self, index: int) -> None:
         reference = self.program.reference
         if index >= len(reference.ops):
@@ -403,14 +436,47 @@ class Executor(GraphRecorder):
             self._deviate(f"forward op {index} ({mine.name}) reads or keeps different tensors "
                           "than in the profiled graph")
             return
-        for t in mine.inputs + mine.outputs:
+        for t in mine.outputs:
             a, b = self.trace.tensors[t], reference.tensors[t]
             if (a.shape, a.dtype) != (b.shape, b.dtype):
                 self._deviate(f"tensor {t} of op {index} ({mine.name}) has shape {a.shape} "
                               f"{a.dtype}, the profiled graph had {b.shape} {b.dtype}")
                 return
 
+    # ------------------------------------------------------------ passive iterations
+    def _restore_all(self, tensors: Any = None) -> None:
+        """Bring back every map this iteration dropped whose graph is still referenced (only
+        ``tensors`` when given): what remains of the iteration runs as plain Chainer would."""
+        for tensor, slot in list(self.slots.items()):
+            if tensors is not None and tensor not in tensors:
+                continue
+            if slot.state == "device" or not (slot.dropped_node or slot.dropped_retained):
+                if slot.state == "incoming":
+                    self._wait(tensor)
+                continue
+            if self._graph_refers(tensor):
+                self._restore_on_demand(tensor)
+        self._after_op = []
+
+    def _graph_refers(self, tensor: int) -> bool:
+        if self._node(tensor) is not None:
+            return True
+        where = self._retained_out.get(tensor)
+        return where is not None and self.functions[where[0]]() is not None
+
+    def _go_passive(self) -> None:
+        if not self.passive:
+            self.passive = True
+            self._restore_all()
+
     # ------------------------------------------------------------ GraphRecorder hooks
+    def forward_preprocess(self, function: Any, in_data: tuple) -> None:
+        self._in_data = in_data
+        try:
+            super().forward_preprocess(function, in_data)
+        finally:
+            self._in_data = ()
+
     def forward_postprocess(self, function: Any, in_data: tuple) -> None:
         super().forward_postprocess(function, in_data)
         if self._pending is not None and self._pending[1] is function:
@@ -421,6 +487,7 @@ class Executor(GraphRecorder):
             self.program, self._queued = self._queued[0], None
         self.stats = IterationStats(self.iteration, self.program.label if self.program else "")
         self.deviation = ""
+        self.passive = False
         self.slots = {}
         self._retained_out = {}
         self._inputs_held = {}
@@ -434,9 +501,73 @@ class Executor(GraphRecorder):
         self.device.reset_peak()
         self.stats.started = time.perf_counter()
 
+    def _switch(self, index: int, name: str) -> bool:
+        """Go on with another known program if the graph so far is its graph too and this op
+        is its op ``index``, and it would have done the same at every boundary so far."""
+        for candidate in self.catalog():
+            if candidate is self.program or candidate.matches(index, name, self.op_sources,
+                                                              self._in_data):
+                continue
+            ops = candidate.reference.ops
+            if any((ops[k].name, ops[k].inputs, ops[k].outputs) != (op.name, op.inputs, op.outputs)
+                   for k, op in enumerate(self.trace.ops[:index])):
+                continue
+            if all(candidate.actions.get(b, []) == self.program.actions.get(b, [])
+                   for b in range(self._next_boundary)):
+                self.program = candidate
+                self.stats.program = candidate.label
+                if self.on_switch is not None:
+                    self.on_switch(candidate)
+                return True
+        return False
+
+    def on_pass_start(self, index: int, function: Any, in_data: tuple) -> bool:
+        """A new forward pass before any backward: if a plan's graph starts here (and the
+        plan being run does not go on here), what ran so far was a forward-only pass."""
+        if self.program is None or self.passive:
+            return False
+        sources = [None] * len(in_data)
+        name = type(function).__name__
+        if not self.deviation and not self.program.matches(index, name, sources, in_data):
+            return False
+        for candidate in [self.program] + self.catalog():
+            if not candidate.matches(0, name, sources, in_data):
+                self.program = candidate
+                self._queued = None
+                return True
+        return False
+
+    def on_forward_only(self, trace: GraphTrace) -> None:
+        self._restore_all()
+        for slot in self.slots.values():
+            if slot.transfer is not None:
+                self.device.discard(slot.transfer)
+                slot.transfer = None
+
+    def on_compact(self, n_ops: int, n_tensors: int) -> None:
+        self._restore_all({t for t in self.slots if t < n_tensors})
+        for tensor in [t for t in self.slots if t < n_tensors]:
+            slot = self.slots.pop(tensor)
+            if slot.transfer is not None:
+                self.device.discard(slot.transfer)
+        shift = {"slots": self.slots, "_inputs_held": self._inputs_held}
+        for name, table in shift.items():
+            setattr(self, name, {t - n_tensors: v for t, v in table.items() if t >= n_tensors})
+        self._retained_out = {t - n_tensors: (k - n_ops, p) for t, (k, p)
+                              in self._retained_out.items() if t >= n_tensors and k >= n_ops}
+        self._candidates = [t - n_tensors for t in self._candidates if t >= n_tensors]
+
+    def on_unsupported(self, reason: str) -> None:
+        self._go_passive()
+        if self.on_unsupported_run is not None:
+            self.on_unsupported_run(reason)
+
     def on_forward_begin(self, index: int, function: Any) -> None:
-        if self.program is not None and not self.deviation:
-            self._check_op(index, function)
+        if self.program is not None and not self.deviation and not self.passive:
+            name = type(function).__name__
+            reason = self.program.matches(index, name, self.op_sources, self._in_data)
+            if reason and not self._switch(index, name):
+                self._deviate(reason)
         self._run_until(index)
         if self._on_demand():
             self._release_unreferenced()
@@ -451,11 +582,12 @@ class Executor(GraphRecorder):
                 tag = getattr(node, _TAG, None)
                 if tag is not None and tag[0] is self._serial and tag[1] in program.input_sources:
                     self._inputs_held[tag[1]] = array
+        del in_data     # the op's inputs are not ours to hold (memory counted below)
         for position, p in enumerate(op.retain_outputs):
             self._retained_out[op.outputs[p]] = (index, position)
         for t in op.outputs:
             self.device.track(self.array_of(t), t)
-        if program is not None and not self.deviation:
+        if program is not None and not self.deviation and not self.passive:
             self._check_resolved(index)
         if self._on_demand():
             self._candidates.extend(t for t in self._retained(op) if t not in self._candidates)
@@ -463,7 +595,7 @@ class Executor(GraphRecorder):
 
     def on_backward_begin(self, index: int, fwd_index: int, function: Any) -> None:
         program = self.program
-        if program is not None and not self.deviation:
+        if program is not None and not self.deviation and not self.passive:
             position = index - len(self.trace.ops)
             reference = program.reference
             if len(self.trace.ops) != len(reference.ops):
@@ -476,11 +608,15 @@ class Executor(GraphRecorder):
         self._run_until(index)
         if self._on_demand():
             self._release_unreferenced()
+        self._restore_for(fwd_index)
+        self.device.check("backward op", index, function)
+
+    def _restore_for(self, fwd_index: int) -> None:
+        """What forward op ``fwd_index``'s backward reads, back on the device if it is not."""
         for tensor in self._retained(self.trace.ops[fwd_index]):
             slot = self.slots.get(tensor)
             if slot is not None and slot.state != "device":
                 self._restore_on_demand(tensor)
-        self.device.check("backward op", index, function)
 
     def on_backward_end(self, index: int, fwd_index: int, function: Any) -> None:
         # maps restored outside the schedule go back to where the schedule believes they are
@@ -488,11 +624,23 @@ class Executor(GraphRecorder):
             slot = self.slots[tensor]
             if slot.state in ("device", "incoming"):
                 self._wait(tensor)
-                self._drop(tensor, slot, keep_user=False)
+                self._drop(tensor, slot)
                 slot.state = "host" if slot.transfer is not None else "freed"
         self._after_op = []
         self._run_until(index + 1)
         self.stats.finished = time.perf_counter()
+
+    def on_revisit_begin(self, fwd_index: int, function: Any) -> None:
+        """A later backward pass runs op ``fwd_index`` again: it finds what it reads (kept
+        there, as plain Chainer would, until the iteration ends)."""
+        self._restore_for(fwd_index)
+        self._after_op = []
+
+    def on_new_link(self, link: Any) -> None:
+        if self.device.kind == "host-sim":
+            self.device.resident = resident_bytes(self.model)
+        if self.link_added is not None:
+            self.link_added(link)
 
     def on_backward_complete(self, trace: GraphTrace) -> None:
         if self.backward_done is not None:
@@ -500,7 +648,7 @@ class Executor(GraphRecorder):
 
     def on_iteration_end(self, trace: GraphTrace) -> None:
         program = self.program
-        if program is not None and not self.deviation:
+        if program is not None and not self.deviation and not self.passive:
             if len(trace.backward_order) != len(program.reference.backward_order):
                 self._deviate(f"the iteration ran {len(trace.backward_order)} backward ops, the "
                               f"profiled graph {len(program.reference.backward_order)}")

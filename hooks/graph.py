@@ -20,8 +20,9 @@ Tensor ids are assigned in creation order (network inputs when first consumed), 
 from __future__ import annotations
 
 import weakref
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import pooch_ext  # noqa: F401  (chainer import compat)
 import chainer
@@ -31,6 +32,8 @@ from pooch_ext.links import Link
 from pooch_ext.profile import Device
 
 _TAG = "_pooch_tag"   # attribute set on VariableNodes / FunctionNodes: (recording serial, index)
+TAIL = -1             # op index of a function run on the graph after its first backward pass
+HELD_TO_END = 1 << 30
 
 
 @dataclass
@@ -42,6 +45,11 @@ class TensorRecord:
     dtype: str
     producer: int          # forward op index, -1 for a network input
     output_index: int
+    # last op (forward index, or n_forward + j for backward op j) during which something beyond
+    # PoocH's control still held the array: the caller's Variable, a function node that keeps
+    # it for a backward this pass never runs, a later backward pass; -1 when nothing did past
+    # its last use, HELD_TO_END when something still did as the iteration ended
+    held_until: int = -1
 
 
 @dataclass
@@ -66,7 +74,11 @@ class GraphTrace:
 
     tensors: list[TensorRecord] = field(default_factory=list)
     ops: list[OpRecord] = field(default_factory=list)
-    backward_order: list[int] = field(default_factory=list)
+    backward_order: list[int] = field(default_factory=list)   # the first backward pass
+    passes: int = 0                 # backward passes that ran over this iteration's graph
+    revisited: set[int] = field(default_factory=set)   # forward ops later passes ran again
+    tail_ops: int = 0               # forward ops run after the first pass on this graph
+    unsupported: str = ""           # why PoocH cannot run this iteration exactly, if so
 
     def signature(self) -> tuple:
         """What must match for a plan to apply: op names with their tensor ids, tensor
@@ -101,6 +113,10 @@ class GraphTrace:
                 retain_inputs=op.retain_inputs, retain_outputs=op.retain_outputs,
                 differentiable=op.differentiable, label=op.label, **cost(self, op))
             assert ids == op.outputs, "tensor ids must follow creation order"
+        for record in self.tensors:
+            if record.held_until != -1:      # -2: still held when the trace was taken
+                builder.hold(record.tid, HELD_TO_END if record.held_until == -2
+                             else record.held_until)
         return builder
 
 
@@ -120,11 +136,21 @@ class _LinkNames(chainer.LinkHook):
 
     name = "PoochLinkNames"
 
-    def __init__(self, model: chainer.Link | None) -> None:
-        self.paths = {id(link): path.lstrip("/") for path, link in model.namedlinks()} if model else {}
+    def __init__(self, model: Any, on_new_link: Callable[[chainer.Link], None]) -> None:
+        self.model = model
+        self.on_new_link = on_new_link
+        self.paths: dict[int, str] = {}
+        self.refresh()
         self.stack: list[str] = []
 
+    def refresh(self) -> None:
+        """Re-read the model's link paths (after a link joined it)."""
+        if self.model is not None:
+            self.paths = {id(link): path.lstrip("/") for path, link in self.model.namedlinks()}
+
     def forward_preprocess(self, args: Any) -> None:
+        if id(args.link) not in self.paths:
+            self.on_new_link(args.link)     # before the link runs: nothing of it changed yet
         self.stack.append(self.paths.get(id(args.link), type(args.link).__name__))
 
     def forward_postprocess(self, args: Any) -> None:
@@ -132,21 +158,111 @@ class _LinkNames(chainer.LinkHook):
             self.stack.pop()
 
 
+# ---------------------------------------------------------------------- backward passes
+# Chainer has no hook for "a backward pass begins / ends", and the end of the first pass is
+# the last moment before the optimizer's update (where a budget must be refused). While a
+# recorder is entered, the three entry points of a backward pass are wrapped (and put back
+# when the last recorder exits): Variable.backward and chainer.backward both run
+# ``_backprop._backprop_to_all``; chainer.grad runs its own loop.
+_LISTENERS: list["GraphRecorder"] = []
+_ORIGINALS: list[tuple[Any, str, Any]] = []
+
+
+@contextmanager
+def _backward_pass(nodes: list, double: bool) -> Iterator[None]:
+    listeners = list(_LISTENERS)
+    for recorder in listeners:
+        recorder._pass_begin(nodes, double)
+    failed = True
+    try:
+        yield
+        failed = False
+    finally:
+        for recorder in listeners:
+            recorder._pass_end(failed)
+
+
+def _signalled_backprop_to_all(original: Callable) -> Callable:
+    def backprop_to_all(outputs, retain_grad, loss_scale):
+        # callers set enable_backprop to their enable_double_backprop around this call
+        with _backward_pass([y for y, _ in outputs], bool(chainer.config.enable_backprop)):
+            return original(outputs, retain_grad, loss_scale)
+    return backprop_to_all
+
+
+def _signalled_grad(original: Callable) -> Callable:
+    def grad(outputs, inputs, *args, **kwargs):
+        double = kwargs.get("enable_double_backprop", args[4] if len(args) > 4 else False)
+        try:
+            nodes = [v.node for v in outputs]
+        except (AttributeError, TypeError):     # bad arguments: chainer's own error follows
+            return original(outputs, inputs, *args, **kwargs)
+        with _backward_pass(nodes, bool(double)):
+            return original(outputs, inputs, *args, **kwargs)
+    grad.__doc__ = original.__doc__
+    return grad
+
+
+def _listen(recorder: "GraphRecorder") -> None:
+    if not _LISTENERS:
+        import chainer._backprop as backprop
+        import chainer.function_node as function_node
+
+        original_grad = function_node.grad
+        wrapped_grad = _signalled_grad(original_grad)
+        _ORIGINALS[:] = [(backprop, "_backprop_to_all", backprop._backprop_to_all),
+                         (function_node, "grad", original_grad), (chainer, "grad", chainer.grad)]
+        backprop._backprop_to_all = _signalled_backprop_to_all(backprop._backprop_to_all)
+        function_node.grad = wrapped_grad
+        if chainer.grad is original_grad:
+            chainer.grad = wrapped_grad
+    _LISTENERS.append(recorder)
+
+
+def _unlisten(recorder: "GraphRecorder") -> None:
+    if recorder in _LISTENERS:
+        _LISTENERS.remove(recorder)
+    if not _LISTENERS:
+        for owner, name, original in _ORIGINALS:
+            setattr(owner, name, original)
+        _ORIGINALS.clear()
+
+
+def _is_static_graph(function: Any) -> bool:
+    """Chainer's static subgraph optimisation (``@chainer.static_graph``): its first call
+    records a schedule while running the ops; later calls are one opaque function."""
+    return type(function).__name__ == "StaticScheduleFunction" or \
+        getattr(chainer.config, "schedule_func", None) is not None
+
+
 class GraphRecorder(chainer.FunctionHook):
     """Record each training iteration's graph; subclasses act at op boundaries.
 
     Use as a context manager around training (``with GraphRecorder(model) as rec: ...``).
     ``rec.traces`` holds one GraphTrace per completed iteration (``keep_traces`` of them).
+
+    What an iteration is: the forward ops up to the first backward pass over them, that pass,
+    and whatever else runs on the same graph (``tail`` forward ops that read its tensors, such
+    as a second loss, and further backward passes, which are counted in ``passes`` and
+    ``revisited``). The next forward op that reads none of the graph's tensors starts the next
+    iteration. A forward pass that backward never reaches (validation, a metric, an action
+    chosen with backprop on) is not part of it: when the first backward pass begins, leading
+    passes that the loss does not depend on are dropped from the trace (``on_compact``).
+
     Subclass hooks (all no-ops here): ``on_iteration_start``, ``on_forward_begin(k, fn)``,
     ``on_forward_resolved(k, fn)``, ``on_backward_begin(j, k, fn)``,
-    ``on_backward_end(j, k, fn)``, ``on_backward_complete(trace)`` (the backward pass has run
-    every op it will run: the moment before the optimizer update), ``on_iteration_end(trace)``.
+    ``on_backward_end(j, k, fn)``, ``on_backward_complete(trace)`` (the first backward pass
+    is over: the moment before the optimizer update), ``on_revisit_begin(k, fn)`` /
+    ``on_revisit_end(k, fn)`` (a later pass runs op k's backward again),
+    ``on_pass_start(k, fn)`` (op k starts a new forward pass before any backward: return True
+    to treat what came before as a forward-only pass and start afresh), ``on_compact(p, t)``,
+    ``on_unsupported(reason)``, ``on_new_link(link)``, ``on_iteration_end(trace)``.
     """
 
     name = "PoochGraphRecorder"
     record_attrs = True    # subclasses that never read OpRecord.attrs may skip collecting them
 
-    def __init__(self, model: chainer.Link | None = None, keep_traces: int = 8) -> None:
+    def __init__(self, model: Any = None, keep_traces: int = 8) -> None:
         self.model = model
         self.keep_traces = keep_traces
         self.traces: list[GraphTrace] = []
@@ -155,24 +271,35 @@ class GraphRecorder(chainer.FunctionHook):
         self.functions: list[weakref.ref] = []      # op index -> FunctionNode (this iteration)
         self.nodes: dict[int, weakref.ref] = {}     # tensor id -> VariableNode (this iteration)
         self.paused = False
-        self._link_names = _LinkNames(model)
+        self.op_sources: list[int | None] = []      # tensor ids the op being started reads
+        self._link_names = _LinkNames(model, self._new_link)
         self._pending: tuple[int, Any] | None = None
         self._labels: list[str] = []
-        self._in_backward = 0
+        self._in_backward: list[bool] = []          # per running backward op: of the first pass
         self._serial = object()
         self._n_inputs = 0     # network inputs seen this iteration
-        self._expected_backward = -1   # backward ops this iteration will run, once known
+        self._expected_backward = -1   # backward ops of an unsignalled pass, once known
+        self._arrays: dict[int, tuple[weakref.ref, int]] = {}   # id(array) -> (ref, tensor)
+        self._tensor_marks: list[int] = []          # op index -> tensors recorded before it
+        self._pass_starts: list[int] = []           # forward ops that start a forward pass
+        self._pass_depth = 0
+        self._pass_visited = False
+        self._visited: set[int] = set()
+        self._position = -1                         # the op running or last started
+        self._watch: list[weakref.ref] = []         # weakrefs whose callbacks measure holding
 
     # ------------------------------------------------------------ context
     def __enter__(self) -> "GraphRecorder":
         super().__enter__()
         self._link_names.__enter__()
+        _listen(self)
         return self
 
     def __exit__(self, *exc: Any) -> None:
         try:
             self.finish()
         finally:
+            _unlisten(self)
             self._link_names.__exit__(*exc)
             super().__exit__(*exc)
 
@@ -181,73 +308,122 @@ class GraphRecorder(chainer.FunctionHook):
         self._resolve()
         if self.trace is not None and self.trace.ops:
             self._end_iteration()
+        self.trace = None
+
+    def _new_link(self, link: chainer.Link) -> None:
+        if self.model is not None and hasattr(self.model, "add") and self.model.add(link):
+            self._link_names.refresh()
+            self.on_new_link(link)
 
     # ------------------------------------------------------------ subclass hooks
+    def on_new_link(self, link: chainer.Link) -> None: ...
     def on_iteration_start(self) -> None: ...
     def on_forward_begin(self, index: int, function: Any) -> None: ...
     def on_forward_resolved(self, index: int, function: Any) -> None: ...
     def on_backward_begin(self, index: int, fwd_index: int, function: Any) -> None: ...
     def on_backward_end(self, index: int, fwd_index: int, function: Any) -> None: ...
     def on_backward_complete(self, trace: GraphTrace) -> None: ...
+    def on_revisit_begin(self, fwd_index: int, function: Any) -> None: ...
+    def on_revisit_end(self, fwd_index: int, function: Any) -> None: ...
+    def on_pass_start(self, index: int, function: Any, in_data: tuple) -> bool:
+        return False
+    def on_forward_only(self, trace: GraphTrace) -> None: ...
+    def on_compact(self, n_ops: int, n_tensors: int) -> None: ...
+    def on_unsupported(self, reason: str) -> None: ...
     def on_iteration_end(self, trace: GraphTrace) -> None: ...
 
     # ------------------------------------------------------------ chainer hooks
     def _recording(self) -> bool:
-        return not self.paused and self._in_backward == 0 and chainer.config.enable_backprop
+        return not self.paused and not self._in_backward and chainer.config.enable_backprop
 
     def forward_preprocess(self, function: Any, in_data: tuple) -> None:
         if not self._recording():
             return
         self._resolve()
-        if self.trace is None or self.trace.backward_order:
-            if self.trace is not None:
-                self._end_iteration()
+        sources = self._sources(in_data)
+        connected = any(s is not None for s in sources)
+        if self.trace is None:
             self._start_iteration()
+        elif self.trace.passes or self.trace.backward_order:
+            if connected:                   # a second loss on this graph, say
+                self._tail(function)
+                return
+            self._end_iteration()
+            self._start_iteration()
+        elif self.trace.ops and not connected:
+            index = len(self.trace.ops)
+            if self.on_pass_start(index, function, in_data):
+                self._forget_forward_only()
+            else:
+                self._pass_starts.append(index)
+        if _is_static_graph(function):
+            self._unsupported("@chainer.static_graph models keep their own references to every "
+                              "array and replay them, out of PoocH's sight; use the model "
+                              "without @static_graph under PoocH")
         index = len(self.functions)
         setattr(function, _TAG, (self._serial, index))
         self.functions.append(weakref.ref(function))
         self._labels.append(self._link_names.stack[-1] if self._link_names.stack else "")
+        self._tensor_marks.append(len(self.trace.tensors))
+        self._position = index
+        self.op_sources = sources
         self.on_forward_begin(index, function)
 
     def forward_postprocess(self, function: Any, in_data: tuple) -> None:
-        if not self._recording() or getattr(function, _TAG, (None,))[0] is not self._serial:
+        tag = getattr(function, _TAG, None)
+        if not self._recording() or tag is None or tag[0] is not self._serial:
             return
-        self._pending = (getattr(function, _TAG)[1], function)
+        self._pending = (tag[1], function)
 
     def backward_preprocess(self, function: Any, in_data: tuple, out_grad: tuple) -> None:
         if self.paused:
             return
         self._resolve()
         tag = getattr(function, _TAG, None)
-        if tag is None or tag[0] is not self._serial or self.trace is None:
+        if tag is None or tag[0] is not self._serial or self.trace is None or tag[1] < 0:
             return
-        self._in_backward += 1
-        if not self.trace.backward_order:
+        k = tag[1]
+        if self._pass_depth:
+            self._pass_visited = True
+        first = self.trace.passes == 0 and k not in self._visited
+        self._in_backward.append(first)
+        if not first:
+            self.trace.revisited.add(k)
+            self.on_revisit_begin(k, function)
+            return
+        if not self.trace.backward_order and not self._pass_depth:
             self._expected_backward = self._count_backward_ops(function)
-        self.trace.backward_order.append(tag[1])
-        self.on_backward_begin(self._backward_index(), tag[1], function)
+        self._visited.add(k)
+        self.trace.backward_order.append(k)
+        self._position = self._backward_index()
+        self.on_backward_begin(self._backward_index(), k, function)
 
     def backward_postprocess(self, function: Any, in_data: tuple, out_grad: tuple) -> None:
         tag = getattr(function, _TAG, None)
-        if self.paused or tag is None or tag[0] is not self._serial or self._in_backward == 0:
+        if self.paused or tag is None or tag[0] is not self._serial or not self._in_backward \
+                or tag[1] < 0:
             return
-        self._in_backward -= 1
+        first = self._in_backward.pop()
+        if not first:
+            self.on_revisit_end(tag[1], function)
+            return
         self.on_backward_end(self._backward_index(), tag[1], function)
-        if len(self.trace.backward_order) == self._expected_backward:
+        if not self._pass_depth and len(self.trace.backward_order) == self._expected_backward:
+            self.trace.passes += 1            # an unsignalled pass: its predicted end
             self.on_backward_complete(self.trace)
 
     def _count_backward_ops(self, loss_creator: Any) -> int:
-        """How many recorded functions Chainer's backward will visit from ``loss_creator``: it
-        follows inputs that require grad and runs a function if any input requires grad
-        (chainer._backprop._backprop_to_all). A function returning no gradient for an input
-        that requires one would make Chainer visit fewer; then on_backward_complete is not
-        called and the iteration simply ends at the next forward op."""
+        """How many recorded functions Chainer's backward will visit from ``loss_creator``, for
+        a pass begun outside the wrapped entry points (``from chainer import grad`` before
+        PoocH): it follows inputs that require grad (chainer._backprop._backprop_to_all). A
+        function returning no gradient for such an input makes Chainer visit fewer; then
+        on_backward_complete is not called for that pass."""
         seen, frontier, count = {id(loss_creator)}, [loss_creator], 0
         while frontier:
             function = frontier.pop()
             tag = getattr(function, _TAG, None)
             grad_inputs = [node for node in function.inputs if node.requires_grad]
-            if tag is not None and tag[0] is self._serial and grad_inputs:
+            if tag is not None and tag[0] is self._serial and tag[1] >= 0 and grad_inputs:
                 count += 1
             for node in grad_inputs:
                 creator = node.creator_node
@@ -256,12 +432,125 @@ class GraphRecorder(chainer.FunctionHook):
                     frontier.append(creator)
         return count
 
+    # ------------------------------------------------------------ backward passes
+    def _pass_begin(self, nodes: list, double: bool) -> None:
+        self._pass_depth += 1
+        if self._pass_depth > 1 or self.trace is None or self.paused:
+            return
+        self._resolve()
+        self._pass_visited = False
+        if not self.trace.ops:
+            return
+        if double:
+            self._unsupported("double backprop (enable_double_backprop=True): the gradient "
+                              "graph keeps references to feature maps that no plan accounts for")
+        if self.trace.passes == 0 and not self.trace.backward_order:
+            self._drop_forward_only_passes(nodes)
+
+    def _pass_end(self, failed: bool) -> None:
+        self._pass_depth -= 1
+        if self._pass_depth or self.trace is None or not self._pass_visited:
+            return
+        self.trace.passes += 1
+        if self.trace.passes == 1 and not failed:
+            self.on_backward_complete(self.trace)
+
+    def _unsupported(self, reason: str) -> None:
+        if self.trace is not None and not self.trace.unsupported:
+            self.trace.unsupported = reason
+            self.on_unsupported(reason)
+
+    # ------------------------------------------------------------ forward-only passes
+    def _ancestors(self, nodes: list) -> set[int]:
+        """Forward ops of this iteration that the tensors ``nodes`` depend on."""
+        found: set[int] = set()
+        frontier = [n.creator_node for n in nodes if n.creator_node is not None]
+        seen = {id(f) for f in frontier}
+        while frontier:
+            function = frontier.pop()
+            tag = getattr(function, _TAG, None)
+            if tag is not None and tag[0] is self._serial and tag[1] >= 0:
+                found.add(tag[1])
+            for node in function.inputs:
+                creator = node.creator_node
+                if creator is not None and id(creator) not in seen:
+                    seen.add(id(creator))
+                    frontier.append(creator)
+        return found
+
+    def _drop_forward_only_passes(self, nodes: list) -> None:
+        """Leading forward passes the loss does not depend on are no part of the iteration."""
+        ancestors = self._ancestors(nodes)
+        if not ancestors or not self._pass_starts:
+            return
+        first = min(ancestors)
+        starts = [p for p in self._pass_starts if p <= first]
+        if not starts:
+            return
+        n_ops = starts[-1]
+        n_tensors = self._tensor_marks[n_ops]
+        if any(t < n_tensors for op in self.trace.ops[n_ops:] for t in op.inputs):
+            return          # a later op reads one of their tensors: they stay
+        self._compact(n_ops, n_tensors)
+
+    def _compact(self, n_ops: int, n_tensors: int) -> None:
+        """Drop the first ``n_ops`` forward ops and ``n_tensors`` tensors; renumber the rest."""
+        trace = self.trace
+        self.on_compact(n_ops, n_tensors)
+        dead = object()
+        for ref in self.functions[:n_ops]:
+            function = ref()
+            if function is not None:
+                setattr(function, _TAG, (dead, -1))
+        for tid in range(n_tensors):
+            node = self.nodes.get(tid, lambda: None)()
+            if node is not None:
+                setattr(node, _TAG, (dead, -1))
+        ops = trace.ops[n_ops:]
+        for op in ops:
+            op.index -= n_ops
+            op.inputs = [t - n_tensors for t in op.inputs]
+            op.outputs = [t - n_tensors for t in op.outputs]
+        tensors = trace.tensors[n_tensors:]
+        for record in tensors:
+            record.tid -= n_tensors
+            if record.producer >= 0:
+                record.producer -= n_ops
+            if record.held_until >= 0 and record.held_until != HELD_TO_END:
+                record.held_until = max(0, record.held_until - n_ops)
+        trace.ops, trace.tensors = ops, tensors
+        self.functions = self.functions[n_ops:]
+        self._labels = self._labels[n_ops:]
+        self._tensor_marks = [m - n_tensors for m in self._tensor_marks[n_ops:]]
+        self._pass_starts = [p - n_ops for p in self._pass_starts if p > n_ops]
+        self.nodes = {t - n_tensors: ref for t, ref in self.nodes.items() if t >= n_tensors}
+        for k, ref in enumerate(self.functions):
+            function = ref()
+            if function is not None:
+                setattr(function, _TAG, (self._serial, k))
+        for t, ref in self.nodes.items():
+            node = ref()
+            if node is not None:
+                setattr(node, _TAG, (self._serial, t))
+        self._arrays = {key: (ref, t - n_tensors) for key, (ref, t) in self._arrays.items()
+                        if t >= n_tensors or t == TAIL}
+        self._n_inputs = sum(1 for record in tensors if record.producer < 0)
+        for k, record in enumerate(t for t in tensors if t.producer < 0):
+            record.output_index = k
+        self._position -= n_ops
+
+    def _forget_forward_only(self) -> None:
+        """What ran so far was a forward-only pass: start the iteration afresh at this op."""
+        self.on_forward_only(self.trace)
+        self._start_iteration(count=False)
+
     # ------------------------------------------------------------ bookkeeping
     def _backward_index(self) -> int:
         return len(self.trace.ops) + len(self.trace.backward_order) - 1
 
-    def _start_iteration(self) -> None:
-        self.iteration += 1
+    def _start_iteration(self, count: bool = True) -> None:
+        if count:
+            self.iteration += 1
         self.trace = GraphTrace()
         self.functions = []
         self._labels = []
@@ -269,13 +558,85 @@ class GraphRecorder(chainer.FunctionHook):
         self._serial = object()
         self._n_inputs = 0
         self._expected_backward = -1
+        self._arrays = {}
+        self._tensor_marks = []
+        self._pass_starts = []
+        self._visited = set()
+        self._position = -1
+        self._watch = []
         self.on_iteration_start()
 
     def _end_iteration(self) -> None:
         trace = self.trace
+        if not trace.backward_order and not trace.passes:
+            self.on_forward_only(trace)         # no backward came: not an iteration
+            self.iteration -= 1
+            return
+        for record in trace.tensors:      # still held by something as the iteration ends
+            if record.held_until == -2:
+                record.held_until = HELD_TO_END
+        for k in trace.revisited:         # later passes read what these ops keep
+            op = trace.ops[k]
+            for t in [op.inputs[p] for p in op.retain_inputs] + \
+                     [op.outputs[p] for p in op.retain_outputs]:
+                trace.tensors[t].held_until = HELD_TO_END
+        self._watch = []
         self.traces.append(trace)
         del self.traces[:-self.keep_traces]
         self.on_iteration_end(trace)
+
+    def _tail(self, function: Any) -> None:
+        setattr(function, _TAG, (self._serial, TAIL))
+        self.trace.tail_ops += 1
+
+    def _sources(self, in_data: tuple) -> list[int | None]:
+        """The tensor an op of this iteration made that each input array is (TAIL for a tail
+        op's output), None for anything else: parameters and network inputs (a loop may feed
+        the same input array to every iteration)."""
+        out: list[int | None] = []
+        for array in in_data:
+            entry = None if array is None else self._arrays.get(id(array))
+            out.append(entry[1] if entry is not None and entry[0]() is array else None)
+        return out
+
+    def register_array(self, array: Any, tid: int) -> None:
+        """Remember that ``array`` holds tensor ``tid`` (so an op reading it is recognised)."""
+        if array is None:
+            return
+        try:
+            ref = weakref.ref(array)
+        except TypeError:
+            return
+        self._arrays[id(array)] = (ref, tid)
+
+    def _held_now(self, tid: int) -> None:
+        """Callback target: whatever held ``tid`` let go of it while op ``_position`` ran."""
+        if self.trace is not None and tid < len(self.trace.tensors):
+            record = self.trace.tensors[tid]
+            if record.held_until != HELD_TO_END:
+                record.held_until = max(record.held_until if record.held_until >= 0 else -1,
+                                        self._position)
+
+    def _watch_holder(self, holder: Any, tids: list[int]) -> None:
+        """Until ``holder`` dies, mark ``tids`` as held (-2: still held); its death records
+        the op at which it let go."""
+        if not tids or self.trace is None:
+            return
+        serial, trace = self._serial, self.trace
+        for t in tids:
+            trace.tensors[t].held_until = -2 if trace.tensors[t].held_until != HELD_TO_END \
+                else HELD_TO_END
+
+        def released(_ref: Any, tids=tuple(tids)) -> None:
+            if self._serial is serial:
+                for t in tids:
+                    record = trace.tensors[t] if t < len(trace.tensors) else None
+                    if record is not None and record.held_until == -2:
+                        record.held_until = max(self._position, 0)
+        try:
+            self._watch.append(weakref.ref(holder, released))
+        except TypeError:
+            pass
 
     def _tensor_id(self, node: Any, producer: int, output_index: int) -> int:
         """The id of ``node`` in this iteration, recording it as a new tensor when first seen."""
@@ -295,6 +656,13 @@ class GraphRecorder(chainer.FunctionHook):
             return
         index, function = self._pending
         self._pending = None
+        if index == TAIL:
+            for ref in function.outputs:
+                node = ref()
+                variable = None if node is None else node.get_variable_or_none()
+                if variable is not None:
+                    self.register_array(variable._data[0], TAIL)
+            return
         inputs, params, positions, differentiable = [], [], {}, []
         for position, node in enumerate(function.inputs):
             variable = node.get_variable_or_none()
@@ -319,6 +687,10 @@ class GraphRecorder(chainer.FunctionHook):
                 self.trace.tensors.append(TensorRecord(tid, (), "", index, output_index))
             else:
                 tid = self._tensor_id(node, index, output_index)
+                variable = node.get_variable_or_none()
+                if variable is not None:
+                    self.register_array(variable._data[0], tid)
+                    self._watch_holder(variable, [tid])
             outputs.append(tid)
         retained_in = [positions[i] for i in (function._input_indexes_to_retain or ())
                        if i in positions]

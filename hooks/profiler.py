@@ -55,10 +55,13 @@ class Profiler(Executor):
     def __init__(self, model: Any, device: Any, keep_traces: int = 4,
                  on_deviation: Callable[[str], None] | None = None,
                  iteration_done: Callable[[GraphTrace], None] | None = None,
-                 backward_done: Callable[[GraphTrace], None] | None = None) -> None:
-        super().__init__(model, device, keep_traces, on_deviation, iteration_done, backward_done)
+                 backward_done: Callable[[GraphTrace], None] | None = None,
+                 link_added: Callable[[Any], None] | None = None) -> None:
+        super().__init__(model, device, keep_traces, on_deviation, iteration_done, backward_done,
+                         link_added)
         self.measuring = False
-        self.samples: list[IterationSample] = []
+        self.samples: list[IterationSample] = []   # the most recent measured iterations
+        self.last_sample: IterationSample | None = None   # of the iteration that just ended
         self.log = AllocationLog()
         self._cupy_hook = None
         self._fwd_timers: dict[int, Any] = {}
@@ -74,6 +77,8 @@ class Profiler(Executor):
         self.measuring = True
         self.timed_transfers = True
         self.log.enabled = True
+        if self.trace is not None and self.model is not None:   # from the op starting now
+            self._model_ids = model_arrays(self.model)
         if self.device.kind == "cuda":
             self._cupy_hook = cupy_memory_hook(self.log)
             self._cupy_hook.__enter__()
@@ -169,6 +174,24 @@ class Profiler(Executor):
         self._stop()
         super().on_iteration_end(trace)
 
+    def on_compact(self, n_ops: int, n_tensors: int) -> None:
+        """A leading forward-only pass left the iteration: its measurements go with it."""
+        super().on_compact(n_ops, n_tensors)
+        self._fwd_timers = {k - n_ops: v for k, v in self._fwd_timers.items() if k >= n_ops}
+        self._saved = {k - n_ops: v for k, v in self._saved.items() if k >= n_ops}
+        self.log.events = [(seq, op - n_ops if op >= 0 else op, kind, nbytes,
+                            tensor - n_tensors if tensor >= 0 else tensor, key)
+                           for seq, op, kind, nbytes, tensor, key in self.log.events
+                           if op < 0 or op >= n_ops]
+        if self._timing is not None:
+            window, timer = self._timing
+            self._timing = (window - n_ops, timer)
+            self.log.op = window - n_ops
+
+    def on_forward_only(self, trace: GraphTrace) -> None:
+        super().on_forward_only(trace)
+        self.log.clear()
+
     def current_sample(self, trace: GraphTrace) -> IterationSample:
         """What the iteration in progress measured so far (after its backward: all of it)."""
         self.device.synchronize()
@@ -189,8 +212,11 @@ class Profiler(Executor):
         return sample
 
     def collect(self, trace: GraphTrace) -> None:
-        if self.measuring and trace.backward_order:   # no backward: not a training step
-            self.samples.append(self.current_sample(trace))
+        self.last_sample = None
+        if self.measuring and trace.backward_order and not trace.unsupported:
+            self.last_sample = self.current_sample(trace)
+            self.samples.append(self.last_sample)
+            del self.samples[:-16]
         self.stats.transfers = []
         self.log.clear()
 

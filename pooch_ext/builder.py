@@ -13,7 +13,10 @@ networks all follow the same rules:
   tensor, at the first backward op that produces it), its transient scratch (freed at once),
   frees the gradients of its forward op's outputs, then frees every feature map whose last
   backward use it is;
-* parameters, their gradients and optimizer state are ``resident_bytes``.
+* parameters, their gradients and optimizer state are ``resident_bytes``;
+* a tensor something outside PoocH's control holds past its last use (``hold``: measured
+  from the caller's Variables and the function nodes of a real run) is freed only after
+  that op; a feature map so held into backward cannot be moved at all (kind "held").
 """
 from __future__ import annotations
 
@@ -68,6 +71,7 @@ class ProfileBuilder:
     _tensors: list[_Tensor] = field(default_factory=list)
     _ops: list[_Op] = field(default_factory=list)
     _resident: int = 0
+    _held: dict[int, int] = field(default_factory=dict)
 
     def input(self, shape: Sequence[int], dtype: str = "float32") -> int:
         """A network input (held by the caller, never classified); returns its tensor id."""
@@ -105,6 +109,14 @@ class ProfileBuilder:
                              int(backward_transient_bytes), int(saved_bytes), label))
         return ids
 
+    def hold(self, tensor: int, until_op: int) -> None:
+        """Something outside PoocH holds ``tensor`` until op ``until_op`` (an op index of the
+        built profile: forward op k, or n_forward + j for backward op j; anything past the
+        last op means to the end)."""
+        if not 0 <= tensor < len(self._tensors):
+            raise ValueError(f"hold: unknown tensor {tensor}")
+        self._held[tensor] = max(int(until_op), self._held.get(tensor, -1))
+
     def resident(self, nbytes: int) -> None:
         """Add bytes no policy moves (parameters, gradients, optimizer state)."""
         self._resident += int(nbytes)
@@ -140,6 +152,10 @@ class ProfileBuilder:
                     bwd_consumers[t].append(bwd_index[k])
         kinds = ["input" if t.is_input else "feature_map" if bwd_consumers[i] else "intermediate"
                  for i, t in enumerate(self._tensors)]
+        held = {t: min(h, last_op) for t, h in self._held.items()}
+        for t, h in held.items():
+            if kinds[t] == "feature_map" and h >= n_fwd:
+                kinds[t] = "held"
 
         ops_rows = []
         for k, op in enumerate(self._ops):
@@ -157,8 +173,9 @@ class ProfileBuilder:
                                  duration_s=float(update_s), inputs=[], outputs=[], needs=[],
                                  transient_bytes=0))
 
-        memory = self._memory_events(loss, order, bwd_index, kinds, fwd_consumers, bwd_consumers, last_op)
-        tensors_rows = self._tensor_rows(kinds, fwd_consumers, bwd_consumers)
+        memory = self._memory_events(loss, order, bwd_index, kinds, fwd_consumers, bwd_consumers,
+                                     last_op, held)
+        tensors_rows = self._tensor_rows(kinds, fwd_consumers, bwd_consumers, held, last_op)
         return Profile(ops_rows, tensors_rows, memory, self._resident, self.device, self.link,
                        dict(self.meta))
 
@@ -174,8 +191,16 @@ class ProfileBuilder:
     def _bytes(self, t: int) -> int:
         return nbytes_of(self._tensors[t].shape, self._tensors[t].dtype)
 
-    def _memory_events(self, loss, order, bwd_index, kinds, fwd_consumers, bwd_consumers, last_op):
+    def _memory_events(self, loss, order, bwd_index, kinds, fwd_consumers, bwd_consumers, last_op,
+                       held):
         events: list[tuple] = []   # (op, kind, bytes, tensor, category)
+        free_after: dict[int, int] = {}   # intermediates and held maps: op of their free
+        for t, kind in enumerate(kinds):
+            if kind == "intermediate" and (fwd_consumers[t] or t in held):
+                free_after[t] = max(fwd_consumers[t][-1] if fwd_consumers[t] else -1,
+                                    held.get(t, -1), self._tensors[t].producer)
+            elif kind == "held":
+                free_after[t] = max(held[t], max(bwd_consumers[t]))
 
         def add(op, kind, nbytes, tensor=-1, category="activation"):
             if nbytes > 0:
@@ -193,12 +218,9 @@ class ProfileBuilder:
             add(k, "free", op.transient_bytes, category="transient")
             if k in bwd_index:
                 add(k, "malloc", op.saved_bytes, category="other")
-            for t in dict.fromkeys(op.inputs + op.outputs):
-                if kinds[t] == "intermediate" and fwd_consumers[t] and fwd_consumers[t][-1] == k:
-                    add(k, "free", self._bytes(t), t)
             for t in op.outputs:
-                if kinds[t] == "intermediate" and not fwd_consumers[t]:
-                    held_to_end.append(t)
+                if kinds[t] == "intermediate" and t not in free_after:
+                    held_to_end.append(t)     # nobody reads it: the caller holds it
         grad_allocated: set[int] = set()
         if order:   # the loss gradient seeds backward
             grad_allocated.add(loss)
@@ -218,6 +240,8 @@ class ProfileBuilder:
             for t in op.retained:
                 if kinds[t] == "feature_map" and max(bwd_consumers[t]) == j:
                     add(j, "free", self._bytes(t), t)
+        for t, op in free_after.items():
+            add(op, "free", self._bytes(t), t)
         for t in held_to_end:
             add(last_op, "free", self._bytes(t), t)
         # gradients of network inputs that were never consumed by a producer's backward
@@ -228,11 +252,12 @@ class ProfileBuilder:
         return [dict(seq=i, op=op, kind=kind, bytes=b, tensor=t, category=c)
                 for i, (op, kind, b, t, c) in enumerate(sorted(events, key=lambda e: e[0]))]
 
-    def _tensor_rows(self, kinds, fwd_consumers, bwd_consumers):
+    def _tensor_rows(self, kinds, fwd_consumers, bwd_consumers, held, last_op):
         rows = []
         for t, tensor in enumerate(self._tensors):
             nbytes = self._bytes(t)
-            chain, sources = self._recompute_chain(t, kinds) if kinds[t] == "feature_map" else ([], [])
+            chain, sources = (self._recompute_chain(t, kinds, held, last_op)
+                              if kinds[t] == "feature_map" else ([], []))
             why_not = []
             if kinds[t] == "input":
                 can = (True, False, False)
@@ -240,6 +265,10 @@ class ProfileBuilder:
             elif kinds[t] == "intermediate":
                 can = (True, False, False)
                 why_not.append("intermediate: no backward op needs it")
+            elif kinds[t] == "held":
+                can = (True, False, False)
+                why_not.append(f"held beyond its last use until op {held[t]} (by the caller's "
+                               "code or a later backward pass): moving it frees nothing")
             else:
                 refusals = [recompute_refusal(self._ops[k].name) for k in chain]
                 refusals = [r for r in refusals if r]
@@ -253,11 +282,12 @@ class ProfileBuilder:
                 recompute_ops=chain, recompute_sources=sources,
                 recompute_s=sum(self._ops[k].duration_s for k in chain),
                 can_keep=can[0], can_swap=can[1], can_recompute=can[2],
-                why_not="; ".join(why_not)))
+                why_not="; ".join(why_not), held_until=held.get(t, -1)))
         return rows
 
-    def _recompute_chain(self, t: int, kinds) -> tuple[list[int], list[int]]:
-        """Forward ops that rebuild ``t`` from the nearest tensors that outlive forward."""
+    def _recompute_chain(self, t: int, kinds, held, last_op) -> tuple[list[int], list[int]]:
+        """Forward ops that rebuild ``t`` from the nearest tensors that outlive forward (a held
+        map is a source only when it is held to the end)."""
         chain: set[int] = set()
         sources: list[int] = []
         frontier = [t]
@@ -268,7 +298,8 @@ class ProfileBuilder:
                 continue
             chain.add(producer)
             for source in self._ops[producer].inputs:
-                if kinds[source] == "intermediate":
+                if kinds[source] == "intermediate" or (kinds[source] == "held"
+                                                       and held[source] < last_op):
                     frontier.append(source)
                 elif source not in sources:
                     sources.append(source)

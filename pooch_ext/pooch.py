@@ -30,7 +30,8 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Any, Callable
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
 
 import pandas as pd
 from tqdm import tqdm
@@ -38,12 +39,13 @@ from tqdm import tqdm
 import pooch_ext  # noqa: F401  (chainer import compat)
 import chainer
 
-from pooch_ext.errors import BudgetTooSmallError
-from pooch_ext.hooks.device import (UNLIMITED, HostSimDevice, device_for, host_copy,
+from pooch_ext.errors import BudgetTooSmallError, PoochError
+from pooch_ext.hooks.device import (UNLIMITED, HostSimDevice, device_for, grad_of, host_copy,
                                     persistent_values, resident_bytes)
-from pooch_ext.hooks.executor import Program, compile_program
+from pooch_ext.hooks.executor import ExecutorError, Program, compile_program
 from pooch_ext.hooks.graph import GraphTrace
 from pooch_ext.hooks.profiler import Profiler, build_profile, fit_link
+from pooch_ext.hooks.scope import Models
 from pooch_ext.links import Link, get_link
 from pooch_ext.plan import Plan
 from pooch_ext.policies import get_policy
@@ -52,13 +54,15 @@ from pooch_ext.simulator import minimum_budget
 from pooch_ext.units import format_bytes, parse_bytes
 
 log = logging.getLogger("pooch_ext")
-MAX_REPROFILES = 3
+MAX_PLANS = 8     # graphs whose plans are kept (the last partial batch, a branch, ...)
+RECENT = 64       # a graph without a plan seen in the last RECENT iterations keeps measuring on
+_ACTIVE: list["PoocH"] = []       # the PoocH whose ``with`` block is running (at most one)
 
 
 class PoocH:
     """Context manager around a Chainer training loop; see the module docstring."""
 
-    def __init__(self, model: chainer.Link, profile_iters: int = 3,
+    def __init__(self, model: chainer.Link | Sequence[chainer.Link], profile_iters: int = 3,
                  budget: int | str | None = None, link: str | Link = "auto",
                  policy: str | Callable | None = "pooch", device: Any = None,
                  verbose: bool = True) -> None:
@@ -66,6 +70,7 @@ class PoocH:
             raise ValueError(f"profile_iters must be >= 1, got {profile_iters}")
         if isinstance(policy, str):
             get_policy(policy)                     # unknown names fail here, listing the known
+        self.models = Models(model)
         self.model = model
         self.profile_iters = int(profile_iters)
         self.budget_request = None if budget is None else parse_bytes(budget)
@@ -79,30 +84,43 @@ class PoocH:
         self.budget_bytes: int | None = None
         self.messages: list[str] = []
         self.runtime: Profiler | None = None
-        self._phase = "profile"
-        self._profiled = 0
-        self._reprofiles = 0
-        self._reprofile_reason = ""
+        self._graphs: dict[tuple, _Graph] = {}    # signature -> what PoocH knows of it
+        self._deviations: list[str] = []
+        self._found_at_start = False
+        self._told: set[str] = set()
+        self._trained = 0                           # training iterations seen
+        self._updated = False                       # an optimizer has updated a parameter
+        self._refusal: Exception | None = None      # raised before the first update
         self._closing = False
         self._budget_applied = False
 
     # ------------------------------------------------------------ context
     def __enter__(self) -> "PoocH":
+        if _ACTIVE:
+            raise PoochError("PoocH is already active around this code: its hooks see every "
+                             "Chainer function in the process, so one PoocH must cover all "
+                             "models (PoocH([a, b]) instead of one inside the other)")
         if self.device is None:
             link = None if self.link == "auto" else self.link
-            self.device = device_for(self.model, self.budget_request, link)
+            self.device = device_for(self.models, self.budget_request, link)
         self.budget_bytes = (self.budget_request if self.budget_request is not None
                              else self.device.capacity_bytes())
-        self._snapshot = ModelSnapshot(self.model)
-        self.runtime = Profiler(self.model, self.device, on_deviation=self._deviated,
+        self._snapshot = ModelSnapshot(self.models)
+        self.runtime = Profiler(self.models, self.device, on_deviation=self._deviated,
                                 iteration_done=self._iteration_done,
-                                backward_done=self._backward_done)
+                                backward_done=self._backward_done,
+                                link_added=self._snapshot.add)
         self.runtime.__enter__()
+        _ACTIVE.append(self)
+        self._gate_updates()
         self._start_profiling()
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
         runtime = self.runtime
+        if self in _ACTIVE:
+            _ACTIVE.remove(self)
+        self._ungate_updates()
         try:
             if exc_type is not None:
                 self._closing = True
@@ -120,22 +138,92 @@ class PoocH:
             tqdm.write(f"PoocH: {message}", file=sys.stderr)   # safe beside progress bars
 
     def _start_profiling(self) -> None:
-        self._phase = "profile"
-        self._profiled = 0
-        self.runtime.samples = []
         self.runtime.use(None)
         self.runtime.start_measuring()
+        self.runtime.catalog = self._programs
+        self.runtime.on_unsupported_run = self._unsupported
+        self.runtime.on_switch = self._switched
         if isinstance(self.device, HostSimDevice):
             self.device.enforce = False      # the first iteration runs on demand, unplanned
 
+    def _programs(self) -> list[Program]:
+        """Every program PoocH holds, most recently used first (the executor may switch)."""
+        graphs = sorted(self._graphs.values(), key=lambda g: -g.last_seen)
+        return [p for g in graphs for p in (g.program or g.provisional,) if p is not None]
+
     def _deviated(self, reason: str) -> None:
-        self._reprofile_reason = reason
+        self._deviations.append(reason)
+        self._measure_if_starting()
+
+    def _switched(self, program: Program) -> None:
+        if not any(g.program is program for g in self._graphs.values()):
+            self._measure_if_starting()     # a graph still being profiled
+
+    def _measure_if_starting(self) -> None:
+        """A graph other than the expected one begins: nothing of the iteration has run yet,
+        so it can be measured whole from here on."""
+        if len(self.runtime.functions) == 1 and not self.runtime.trace.ops:
+            self._found_at_start = True
+            self.runtime.start_measuring()
+
+    def _in_refusal_window(self) -> bool:
+        """Nothing was updated yet: the first training iteration under PoocH."""
+        return not self._closing and not self._updated and self._trained == 0
+
+    def _gate_updates(self) -> None:
+        """Until the first update, every optimizer first asks ``_before_update``: the one
+        moment when every backward pass of the iteration has run, Chainer's own errors
+        included, and no parameter, step count or optimizer state has changed yet. Both the
+        optimizer's 'pre' hooks (run before its step count moves) and each update rule (for
+        optimizers without them) are gated; the first to run lifts both."""
+        rule_update = chainer.optimizer.UpdateRule.update
+        call_hooks = chainer.optimizer.Optimizer.call_hooks
+        pooch = self
+
+        def update(rule: Any, param: Any) -> Any:
+            pooch._before_update()
+            return rule_update(rule, param)
+
+        def hooks(optimizer: Any, timing: str = "pre") -> Any:
+            if timing == "pre":
+                pooch._before_update()
+            return call_hooks(optimizer, timing)
+        self._originals = [(chainer.optimizer.UpdateRule, "update", rule_update),
+                           (chainer.optimizer.Optimizer, "call_hooks", call_hooks)]
+        chainer.optimizer.UpdateRule.update = update
+        chainer.optimizer.Optimizer.call_hooks = hooks
+
+    def _ungate_updates(self) -> None:
+        for owner, name, original in getattr(self, "_originals", []):
+            setattr(owner, name, original)
+        self._originals = []
+
+    def _before_update(self) -> None:
+        refusal, self._refusal = self._refusal, None
+        self._updated = True
+        self._ungate_updates()
+        if refusal is not None and not self._closing:
+            self._closing = True
+            self.runtime.abandon()
+            self._snapshot.restore()
+            raise refusal
+
+    def _unsupported(self, reason: str) -> None:
+        if self._in_refusal_window():
+            self._refusal = UnsupportedLoopError(
+                f"PoocH cannot run this training loop exactly: {reason}")
+            return                          # raised before the first update
+        if reason not in self._told:
+            self._told.add(reason)
+            self._say(f"cannot plan an iteration: {reason}; such iterations run as plain "
+                      "Chainer does (no budget)")
 
     def _backward_done(self, trace: GraphTrace) -> None:
-        """End of the first backward pass: refuse an impossible budget before any update."""
-        if self._closing or self._phase != "profile" or self._profiled != 0 or \
-                self._reprofiles != 0:
+        """End of the first backward pass: refuse what cannot work, before any update."""
+        if not self._in_refusal_window():
             return
+        if trace.unsupported:
+            return                          # refused before the first update
         try:
             provisional = self._build_profile([self.runtime.current_sample(trace)])
             self._check_fits(provisional)
@@ -162,47 +250,79 @@ class PoocH:
             raise
 
     def _advance(self, trace: GraphTrace) -> None:
-        if not trace.backward_order:
-            # forward ops without a backward (a metric computed after the update, the tail of
-            # a loop): not a training iteration, nothing to learn from it
-            self._reprofile_reason = ""
-            return
-        if self._reprofile_reason:
-            reason, self._reprofile_reason = self._reprofile_reason, ""
-            if self._reprofiles >= MAX_REPROFILES:
-                if self._phase != "on-demand":
-                    self._say(f"the graph changed again ({reason}); it changes too often to "
-                              "plan, so PoocH goes on swapping unreferenced maps on demand")
-                self._phase = "on-demand"
-                self.runtime.use(None)
-                self.runtime.stop_measuring()
-                return
-            self._reprofiles += 1
-            self._say(f"the graph changed ({reason}); profiling again")
-            self._start_profiling()
-            return
-        if self._phase != "profile":
-            return
-        self._profiled += 1
-        if self._profiled == 1 and self.profile_iters > 1:
-            # from now on the profiled iterations replay the swap-all schedule
-            provisional = self._build_profile(self.runtime.samples)
-            plan = self._classify(provisional, "swap-all")
-            self.runtime.use(compile_program(trace, provisional, plan.schedule, "profile"))
-            self._apply_budget()
-        if self._profiled >= self.profile_iters:
-            self.profile = self._build_profile(self.runtime.samples)
+        deviations, self._deviations = self._deviations, []
+        found_at_start, self._found_at_start = self._found_at_start, False
+        if not trace.backward_order or trace.unsupported:
+            return              # not a training iteration PoocH can plan
+        self._trained += 1
+        signature = trace.signature()
+        graph = self._graphs.get(signature)
+        if graph is None:
+            if self._graphs:
+                self._say(f"a new graph ({deviations[0] if deviations else 'it changed'}); "
+                          "profiling it")
+            graph = self._graphs[signature] = _Graph(found_at_start=found_at_start)
+            while len(self._graphs) > MAX_PLANS:
+                oldest = min(self._graphs, key=lambda s: self._graphs[s].last_seen)
+                del self._graphs[oldest]
+        graph.last_seen = self._trained
+        sample = self.runtime.last_sample
+        if graph.program is None and sample is not None and sample.trace is trace:
+            graph.samples.append(sample)
+            self._plan_graph(graph, trace)
+        self.runtime.use(graph.program or graph.provisional)
+        # the graph coming next is measured while it has no plan; a graph without one met
+        # before (and not at the start of an iteration, where measuring can begin on the fly)
+        # keeps every iteration measured for a while, so its next run is measured whole
+        if graph.program is None or any(
+                g.program is None and not g.found_at_start and
+                g.last_seen > self._trained - RECENT for g in self._graphs.values()):
+            self.runtime.start_measuring()
+        else:
             self.runtime.stop_measuring()
-            self._phase = "execute"
-            if self.policy is None:
+
+    def _plan_graph(self, graph: "_Graph", trace: GraphTrace) -> None:
+        """Plan ``graph`` from its samples: a swap-all program to profile with after the
+        first, the policy's plan after ``profile_iters``. A policy that cannot plan once
+        updates were made leaves the swap-all program running (it ran at this budget)."""
+        if len(graph.samples) < self.profile_iters:
+            if graph.provisional is None:
+                provisional = self._build_profile(graph.samples)
+                try:
+                    plan = self._classify(provisional, "swap-all")
+                except BudgetTooSmallError as error:
+                    self._say(f"this graph cannot be profiled within the budget ({error}); it "
+                              "runs on demand")
+                    return
+                graph.provisional = compile_program(trace, provisional, plan.schedule, "profile")
                 self._apply_budget()
-                return
-            self.plan = self._classify(self.profile, self.policy)
-            self.program = compile_program(trace, self.profile, self.plan.schedule,
-                                           self.plan.policy)
-            self.runtime.use(self.program)
+            return
+        profile = self._build_profile(graph.samples)
+        if self.policy is None:
+            graph.profile = self.profile = profile
+            graph.program = graph.provisional or compile_program(
+                trace, profile, self._classify(profile, "in-core").schedule, "in-core")
             self._apply_budget()
-            self._say(self.decision())
+            return
+        try:
+            plan = self._classify(profile, self.policy)
+            program = compile_program(trace, profile, plan.schedule, plan.policy)
+        except (BudgetTooSmallError, ExecutorError) as error:
+            if graph.provisional is None:
+                raise
+            self._say(f"the {self._policy_name()} plan cannot run ({error}); going on with "
+                      "the swap-all plan the profiling ran")
+            graph.program = graph.provisional
+            graph.profile = self.profile = profile
+            return
+        graph.profile, graph.plan, graph.program = profile, plan, program
+        self.profile, self.plan, self.program = profile, plan, program
+        self._apply_budget()
+        self._say(self.decision())
+
+    def _policy_name(self) -> str:
+        return self.policy if isinstance(self.policy, str) else getattr(
+            self.policy, "__name__", "custom")
 
     def _apply_budget(self) -> None:
         if isinstance(self.device, HostSimDevice):
@@ -221,10 +341,10 @@ class PoocH:
                     else fit_link(samples[1:] or samples) or get_link("pcie3"))
         measured = not isinstance(self.device, HostSimDevice) and self.link == "auto"
         batch = next((t.shape[0] for t in trace.tensors if t.producer < 0 and t.shape), None)
-        meta = {"model": type(self.model).__name__, "batch": batch,
+        meta = {"model": self.models.name, "batch": batch,
                 "device_kind": self.device.kind}
         device = Device(self.device.name, int(self.budget_bytes), self.device.kind)
-        return build_profile(samples, device, link, resident_bytes(self.model), meta,
+        return build_profile(samples, device, link, resident_bytes(self.models), meta,
                              measured_swaps=measured)
 
     def _classify(self, profile: Profile, policy: str | Callable) -> Plan:
@@ -238,8 +358,10 @@ class PoocH:
     # ------------------------------------------------------------ results
     @property
     def phase(self) -> str:
-        """'profile' while profiling, 'execute' once a plan runs, 'on-demand' if it gave up."""
-        return self._phase
+        """'profile' while the graph running now has no plan yet, 'execute' once it has."""
+        program = self.runtime.program if self.runtime is not None else None
+        return "execute" if program is not None and any(
+            g.program is program for g in self._graphs.values()) else "profile"
 
     @property
     def timeline(self) -> Any:
@@ -294,13 +416,24 @@ class ModelSnapshot:
     gradients (Chainer may write into a gradient array it reuses) and persistent values
     (BatchNormalization running statistics)."""
 
-    def __init__(self, model: chainer.Link) -> None:
-        self.params = [(p, host_copy(p.array),
-                        (p._grad_valid, host_copy(p._grad_var.array) if p._grad_valid
-                         and p._grad_var is not None else None))
-                       for p in model.params()]
-        self.persistent = [(link, name, host_copy(value) if hasattr(value, "shape") else value)
-                           for _, link, name, value in persistent_values(model)]
+    def __init__(self, model: Any) -> None:
+        self.params: list = []
+        self.persistent: list = []
+        self._seen: set = set()          # ids of parameters, (link id, name) of values
+        self.add(model)
+
+    def add(self, model: Any) -> None:
+        """Also snapshot ``model`` (a link that joined: taken before it first runs); what is
+        already in the snapshot stays as it was taken."""
+        for p in model.params():
+            if id(p) not in self._seen:
+                self._seen.add(id(p))
+                self.params.append((p, host_copy(p.array), (p._grad_valid, host_copy(grad_of(p)))))
+        for _, link, name, value in persistent_values(model):
+            if (id(link), name) not in self._seen:
+                self._seen.add((id(link), name))
+                self.persistent.append((link, name, host_copy(value) if hasattr(value, "shape")
+                                        else value))
 
     @staticmethod
     def _put(current: Any, saved: Any) -> Any:
@@ -323,6 +456,24 @@ class ModelSnapshot:
         for link, name, value in self.persistent:
             current = link.__dict__[name]
             link.__dict__[name] = self._put(current, value) if hasattr(value, "shape") else value
+
+
+@dataclass
+class _Graph:
+    """One graph PoocH has met: its measured iterations and, once planned, its program."""
+
+    samples: list = field(default_factory=list)
+    profile: Profile | None = None
+    plan: Plan | None = None
+    program: Program | None = None
+    provisional: Program | None = None   # the swap-all program the profiling runs
+    last_seen: int = 0
+    found_at_start: bool = False         # first met at an iteration's first op
+
+
+class UnsupportedLoopError(PoochError):
+    """The training loop does something PoocH cannot run exactly (double backprop, a static
+    graph); raised before any update, with the models as they were."""
 
 
 class PolicyDoesNotFitError(BudgetTooSmallError):

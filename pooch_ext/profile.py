@@ -25,8 +25,12 @@ tensors (activations only; parameters are resident and not listed)
     dtype         str
     bytes         int
     kind          str   "input" (network input, held by the caller), "feature_map"
-                        (needed by some backward op: the maps PoocH classifies) or
-                        "intermediate" (no backward op needs it; freed after forward use)
+                        (needed by some backward op: the maps PoocH classifies),
+                        "intermediate" (no backward op needs it; freed after forward use,
+                        or after ``held_until``) or "held" (needed in backward, and the
+                        caller's code or a later backward pass holds it into backward: it
+                        stays on the device, unclassified, until its last use or
+                        ``held_until``, whichever is later)
     fwd_consumers list  forward ops that read it
     bwd_consumers list  backward ops that need it
     swap_out_s    float device -> host copy time on the profile's link
@@ -36,6 +40,10 @@ tensors (activations only; parameters are resident and not listed)
     recompute_s   float forward time of that chain
     can_keep, can_swap, can_recompute  bool  which classes are allowed
     why_not       str   why the disallowed ones are not allowed ("" when all are)
+    held_until    int   last op during which something outside PoocH's control (a Variable
+                        the caller's code holds, a function node keeping it for a backward
+                        this pass does not run) still holds it, as measured; -1 when nothing
+                        does past its last use (and for analytic profiles)
 
 memory (device allocations in program order, attributed to ops)
     seq           int   global order
@@ -66,7 +74,7 @@ from pooch_ext.links import Link
 FORMAT_VERSION = 1
 HEADER_FILE = "profile.json"
 PHASES = ("forward", "backward", "update")
-TENSOR_KINDS = ("input", "feature_map", "intermediate")
+TENSOR_KINDS = ("input", "feature_map", "intermediate", "held")
 MEMORY_KINDS = ("malloc", "free")
 MEMORY_CATEGORIES = ("activation", "gradient", "transient", "other")
 
@@ -145,6 +153,7 @@ TENSORS_COLUMNS = (
     Column("recompute_s", float),
     Column("can_keep", _parse_bool), Column("can_swap", _parse_bool),
     Column("can_recompute", _parse_bool), Column("why_not", _parse_str),
+    Column("held_until", lambda v: -1 if _missing(v) else int(v)),
 )
 MEMORY_COLUMNS = (
     Column("seq", int), Column("op", int), Column("kind", _parse_str), Column("bytes", int),

@@ -1,0 +1,567 @@
+"""Issue 10, item by item: each test is a training situation that broke PoocH's promise
+(bit-identical to plain Chainer, or a clean refusal before any update).
+
+``compare(loop, **pooch)`` runs the same loop plainly and under PoocH from the same seed and
+returns both outcomes; the items are numbered as in the issue.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+import pytest
+
+import pooch_ext  # noqa: F401
+import chainer
+import chainer.functions as F
+import chainer.links as L
+
+from pooch_ext.errors import BudgetTooSmallError, PoochError
+from pooch_ext.hooks.device import grad_of
+from pooch_ext.hooks.training import BranchyNet, make_optimizer, model_state, states_equal
+from pooch_ext.pooch import PoocH
+from pooch_ext.simulator import minimum_budget
+
+
+@dataclass
+class Outcome:
+    """What one run of a loop ended with."""
+
+    losses: list = field(default_factory=list)
+    states: list = field(default_factory=list)
+    error: BaseException | None = None
+    pooch: Any = None
+    updates: int = 0
+
+
+def run(build: Callable[[], tuple], loop: Callable, pooch: dict | None, seed: int = 0) -> Outcome:
+    """``build() -> (models, optimizers)``; ``loop(models, optimizers, out)`` trains and appends
+    losses to ``out.losses``. Under PoocH when ``pooch`` is given (its keyword arguments; the
+    key ``models`` may pick which models it is given, default all)."""
+    np.random.seed(seed)
+    models, optimizers = build()
+    np.random.seed(seed + 1)
+    out = Outcome()
+    try:
+        if pooch is None:
+            loop(models, optimizers, out)
+        else:
+            kwargs = dict(pooch)
+            given = kwargs.pop("models", None)
+            target = models if given is None else given(models)
+            with PoocH(target, **{"verbose": False, **kwargs}) as context:
+                out.pooch = context
+                loop(models, optimizers, out)
+    except Exception as error:   # noqa: BLE001 - compared by the test
+        out.error = error
+    out.states = [model_state(m, o) for m, o in zip(models, optimizers)]
+    out.updates = sum(o.t for o in optimizers)
+    return out
+
+
+def compare(build: Callable, loop: Callable, **pooch: Any) -> tuple[Outcome, Outcome]:
+    return run(build, loop, None), run(build, loop, pooch)
+
+
+def identical(plain: Outcome, under: Outcome) -> bool:
+    if plain.error is not None:
+        raise plain.error
+    if under.error is not None:
+        raise under.error
+    return under.losses == plain.losses and all(
+        states_equal(a, b) for a, b in zip(plain.states, under.states))
+
+
+def refused_cleanly(build: Callable, under: Outcome) -> bool:
+    """A PoochError raised before any update, every model as it was built."""
+    untouched = run(build, lambda *a: None, None)
+    return isinstance(under.error, PoochError) and under.updates == 0 and all(
+        states_equal(a, b) for a, b in zip(untouched.states, under.states))
+
+
+def budget_between(profile: Any, fraction: float) -> int:
+    """A budget ``fraction`` of the way from the minimum any plan reaches to the in-core need."""
+    floor = minimum_budget(profile)
+    return int(floor + fraction * (profile.incore_peak_bytes - floor))
+
+
+def moved(outcome: Outcome) -> int:
+    """Swap-outs plus recomputes the executor ran while executing plans."""
+    runs = outcome.pooch.iterations
+    planned = runs[runs.program != "on-demand"]
+    return int(planned.swap_outs.sum() + planned.recomputes.sum())
+
+
+def branchy(n_classes: int = 5) -> Callable[[], tuple]:
+    def build() -> tuple:
+        model = BranchyNet(n_classes)
+        return [model], [make_optimizer(model, "momentum")]
+    return build
+
+
+def batches(n: int, batch: int = 4, shape: tuple = (3, 8, 8), classes: int = 5, seed: int = 3):
+    rng = np.random.RandomState(seed)
+    return [(rng.rand(batch, *shape).astype(np.float32),
+             rng.randint(0, classes, batch).astype(np.int32)) for _ in range(n)]
+
+
+def standard_loop(data: list) -> Callable:
+    def loop(models, optimizers, out):
+        (model,), (optimizer,) = models, optimizers
+        for x, t in data:
+            loss = F.softmax_cross_entropy(model(x), t)
+            model.cleargrads()
+            loss.backward()
+            optimizer.update()
+            out.losses.append(float(loss.array))
+    return loop
+
+
+# ---------------------------------------------------------------- 1: layout of swapped maps
+
+class ConvMix(chainer.Chain):
+    """Convolution outputs (transposed views on the CPU) into concat + tanh, a mean over H, W
+    and a deconvolution: kernels whose rounding depends on the input's strides."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        with self.init_scope():
+            self.a = L.Convolution2D(3, 4, 3, pad=1)
+            self.b = L.Convolution2D(3, 4, 1)
+            self.up = L.Deconvolution2D(8, 4, 2, stride=2)
+            self.fc = L.Linear(None, 5)
+
+    def forward(self, x):
+        h = F.tanh(F.concat([self.a(x), self.b(x)]))
+        pooled = F.mean(h, axis=(2, 3))
+        return self.fc(F.concat([F.mean(self.up(h), axis=(2, 3)), pooled]))
+
+
+def test_1_swapped_maps_come_back_with_their_strides():
+    from pooch_ext.hooks.device import HostSimDevice
+
+    base = np.arange(4 * 3 * 5 * 7, dtype=np.float32).reshape(4, 5, 7, 3)
+    view = base.transpose(0, 3, 1, 2)                  # what a CPU convolution returns
+    device = HostSimDevice()
+    transfer = device.swap_out(view)
+    back = device.swap_in(transfer)
+    assert back.strides == view.strides and np.array_equal(back, view)
+
+    def build():
+        model = ConvMix()
+        return [model], [make_optimizer(model, "adam")]
+    plain, under = compare(build, standard_loop(batches(6)), profile_iters=2, policy="swap-all")
+    assert identical(plain, under) and moved(under) > 0
+
+
+# ---------------------------------------------------------------- 9: gradients restored
+
+def test_9_a_refusal_puts_back_gradients_the_user_set():
+    np.random.seed(0)
+    model = BranchyNet()
+    optimizer = make_optimizer(model)
+    for p in model.params():
+        if p.array is not None:
+            p.grad = np.full_like(p.array, 0.5)
+    x, t = batches(1)[0]
+    before = {name: None if grad_of(p) is None else grad_of(p).copy()
+              for name, p in model.namedparams()}
+    with pytest.raises(BudgetTooSmallError):
+        with PoocH(model, budget=1000, verbose=False):
+            loss = F.softmax_cross_entropy(model(x), t)
+            loss.backward()
+            optimizer.update()
+    assert optimizer.t == 0
+    for name, p in model.namedparams():
+        if before[name] is None:
+            assert grad_of(p) is None
+        else:
+            assert grad_of(p) is not None and np.array_equal(grad_of(p), before[name]), name
+
+
+# ---------------------------------------------------------------- 11: nesting
+
+def test_11_nested_pooch_is_refused_with_one_sentence():
+    model = BranchyNet()
+    with PoocH(model, verbose=False):
+        with pytest.raises(PoochError, match="already active"):
+            with PoocH(model, verbose=False):
+                pass
+    with PoocH(model, verbose=False):    # the outer one left nothing behind
+        pass
+
+
+# ---------------------------------------------------------------- 2: forward-only passes
+
+def _with_evaluation(data: list, evaluation: list, where: str) -> Callable:
+    """The standard loop with a forward pass that never gets a backward (backprop on):
+    before every training forward, or after every update."""
+    def loop(models, optimizers, out):
+        (model,), (optimizer,) = models, optimizers
+        for (x, t), (xv, tv) in zip(data, evaluation):
+            if where == "before":
+                out.losses.append(float(F.softmax_cross_entropy(model(xv), tv).array))
+            loss = F.softmax_cross_entropy(model(x), t)
+            model.cleargrads()
+            loss.backward()
+            optimizer.update()
+            out.losses.append(float(loss.array))
+            if where == "after":
+                out.losses.append(float(F.accuracy(model(xv), tv).array))
+    return loop
+
+
+@pytest.mark.parametrize("where", ["before", "after"])
+@pytest.mark.parametrize("eval_batch", [4, 6])
+def test_2_a_forward_pass_without_backward_is_not_part_of_an_iteration(where, eval_batch):
+    data, evaluation = batches(7), batches(7, batch=eval_batch, seed=11)
+    loop = _with_evaluation(data, evaluation, where)
+    probe = run(branchy(), standard_loop(data[:3]), {"profile_iters": 2, "policy": None})
+    budget = budget_between(probe.pooch.profile, 0.3)
+    plain, under = compare(branchy(), loop, profile_iters=2, budget=budget, policy="pooch")
+    assert identical(plain, under) and moved(under) > 0
+    assert under.pooch.plan is not None
+    profile = under.pooch.profile
+    assert len(profile.forward_ops) == len(probe.pooch.profile.forward_ops)
+    runs = under.pooch.iterations
+    assert len(runs) == len(data) and (runs.deviation == "").all()
+    assert (runs.peak_bytes <= budget).all()
+
+
+# ---------------------------------------------------------------- 3: double backprop
+
+def _gradient_penalty(data: list, how: str) -> Callable:
+    def loop(models, optimizers, out):
+        (model,), (optimizer,) = models, optimizers
+        for x, t in data:
+            x = chainer.Variable(x)
+            loss = F.softmax_cross_entropy(model(x), t, enable_double_backprop=True)
+            if how == "grad":
+                gx, = chainer.grad([loss], [x], enable_double_backprop=True)
+                loss = loss + 0.1 * F.sum(gx * gx)
+                model.cleargrads()
+                loss.backward()
+            else:
+                model.cleargrads()
+                loss.backward(enable_double_backprop=True)
+            optimizer.update()
+            out.losses.append(float(loss.array))
+    return loop
+
+
+def _tanh_mlp() -> tuple:
+    model = chainer.Sequential(L.Linear(192, 16), F.tanh, L.Linear(16, 5))
+    return [model], [make_optimizer(model, "adam")]
+
+
+@pytest.mark.parametrize("how", ["grad", "backward"])
+def test_3_double_backprop_is_refused_before_any_update(how):
+    plain, under = compare(_tanh_mlp, _gradient_penalty(batches(4), how), profile_iters=2,
+                           policy="swap-all")
+    assert plain.error is None
+    assert refused_cleanly(_tanh_mlp, under), under.error
+    assert "double backprop" in str(under.error)
+
+
+def test_3_plain_chainers_own_double_backprop_error_is_not_hidden():
+    def loop(models, optimizers, out):
+        (model,), (optimizer,) = models, optimizers
+        for x, t in batches(2):
+            x = chainer.Variable(x)
+            loss = F.softmax_cross_entropy(model(x), t)     # refuses double backprop itself
+            gx, = chainer.grad([loss], [x], enable_double_backprop=True)
+            loss = loss + F.sum(gx * gx)
+            model.cleargrads()
+            loss.backward()
+            optimizer.update()
+            out.losses.append(float(loss.array))
+    plain, under = compare(_tanh_mlp, loop, policy="swap-all")
+    assert plain.error is not None
+    assert type(under.error) is type(plain.error) and str(under.error) == str(plain.error)
+
+
+# ---------------------------------------------------------------- 4 and 5: wiring, user reads
+
+class Rewired(chainer.Chain):
+    """A skip connection whose source changes on some iterations (same ops, same shapes)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        with self.init_scope():
+            self.c1 = L.Convolution2D(3, 4, 3, pad=1)
+            self.c2 = L.Convolution2D(4, 4, 3, pad=1)
+            self.c3 = L.Convolution2D(4, 4, 3, pad=1)
+            self.fc = L.Linear(None, 5)
+        self.step = 0
+
+    def forward(self, x):
+        self.step += 1
+        a = F.relu(self.c1(x))
+        b = F.relu(self.c2(a))
+        c = F.relu(self.c3(b))
+        skip = a if self.step % 3 else b
+        return self.fc(c + skip)
+
+
+def test_4_rewired_inputs_fall_back_before_anything_is_dropped():
+    def build():
+        model = Rewired()
+        return [model], [make_optimizer(model)]
+    for policy in ("pooch", "swap-all", "sqrt-n", "superneurons"):
+        plain, under = compare(build, standard_loop(batches(7)), profile_iters=2, policy=policy)
+        assert identical(plain, under), policy
+
+
+def test_5_variables_the_user_holds_read_their_true_data():
+    def loop(models, optimizers, out):
+        (model,), (optimizer,) = models, optimizers
+        for x, t in batches(6):
+            h = F.relu(model.conv1(x))
+            ys = model.fc(F.average_pooling_2d(F.relu(model.conv3(h)), 8))
+            loss = F.softmax_cross_entropy(ys, t)
+            out.losses.append((float(h.array.mean()), ys.shape[0], len(ys), str(ys.dtype)))
+            model.cleargrads()
+            loss.backward()
+            out.losses.append(float(h.array.sum()))
+            optimizer.update()
+            out.losses.append(float(loss.array))
+
+    for policy in ("swap-all", "sqrt-n"):
+        plain, under = compare(branchy(), loop, profile_iters=2, policy=policy)
+        assert identical(plain, under), policy
+
+
+# ---------------------------------------------------------------- 6: superneurons
+
+def test_6_every_policy_schedule_the_executor_accepts():
+    for policy in ("superneurons", "vdnn-all", "vdnn-conv", "sqrt-n", "pooch", "swap-opt"):
+        plain, under = compare(branchy(), standard_loop(batches(6)), profile_iters=2,
+                               policy=policy)
+        assert identical(plain, under), policy
+
+
+# ---------------------------------------------------------------- 7: refusal before update
+
+def test_7_labels_made_of_variables_do_not_skip_the_refusal():
+    def loop(models, optimizers, out):
+        (model,), (optimizer,) = models, optimizers
+        for x, t in batches(3):
+            labels = F.concat([chainer.Variable(t[:2]), chainer.Variable(t[2:])], axis=0)
+            loss = F.softmax_cross_entropy(model(x), labels)
+            model.cleargrads()
+            loss.backward()
+            optimizer.update()
+            out.losses.append(float(loss.array))
+    under = run(branchy(), loop, {"budget": 2000, "policy": "swap-all"})
+    assert isinstance(under.error, BudgetTooSmallError)
+    assert refused_cleanly(branchy(), under)
+
+
+# ---------------------------------------------------------------- 8 and 12: several passes
+
+def _two_passes(how: str) -> Callable:
+    def loop(models, optimizers, out):
+        (model,), (optimizer,) = models, optimizers
+        for x, t in batches(6):
+            y = model(x)
+            loss = F.softmax_cross_entropy(y, t)
+            model.cleargrads()
+            if how == "twice":
+                loss.backward()
+                (0.5 * F.sum(y * y)).backward()
+            else:
+                chainer.grad([loss], [y])
+                loss.backward()
+            optimizer.update()
+            out.losses.append(float(loss.array))
+    return loop
+
+
+@pytest.mark.parametrize("how", ["twice", "grad-then-backward"])
+def test_8_two_backward_passes_over_one_graph(how):
+    for policy in ("swap-all", "pooch", "sqrt-n"):
+        plain, under = compare(branchy(), _two_passes(how), profile_iters=2, policy=policy)
+        assert identical(plain, under), policy
+
+
+class Generator(chainer.Chain):
+    def __init__(self) -> None:
+        super().__init__()
+        with self.init_scope():
+            self.fc = L.Linear(4, 3 * 8 * 8)
+            self.bn = L.BatchNormalization(3)
+            self.conv = L.Convolution2D(3, 3, 3, pad=1)
+
+    def forward(self, z):
+        h = F.relu(self.bn(F.reshape(self.fc(z), (-1, 3, 8, 8))))
+        return F.sigmoid(self.conv(h))
+
+
+class Discriminator(chainer.Chain):
+    def __init__(self) -> None:
+        super().__init__()
+        with self.init_scope():
+            self.conv = L.Convolution2D(3, 4, 3, pad=1)
+            self.bn = L.BatchNormalization(4)
+            self.fc = L.Linear(None, 1)
+
+    def forward(self, x):
+        return self.fc(F.leaky_relu(self.bn(self.conv(x))))
+
+
+def _gan() -> tuple:
+    gen, dis = Generator(), Discriminator()
+    return [gen, dis], [make_optimizer(gen, "adam"), make_optimizer(dis, "adam")]
+
+
+def _gan_loop(models, optimizers, out):
+    (gen, dis), (opt_gen, opt_dis) = models, optimizers
+    rng = np.random.RandomState(5)
+    for _ in range(6):
+        x_real = rng.rand(4, 3, 8, 8).astype(np.float32)
+        z = rng.rand(4, 4).astype(np.float32)
+        y_real = dis(x_real)
+        x_fake = gen(z)
+        y_fake = dis(x_fake)
+        loss_dis = F.sum(F.softplus(-y_real)) / 4 + F.sum(F.softplus(y_fake)) / 4
+        dis.cleargrads()
+        loss_dis.backward()
+        opt_dis.update()
+        loss_gen = F.sum(F.softplus(-y_fake)) / 4
+        gen.cleargrads()
+        loss_gen.backward()
+        opt_gen.update()
+        out.losses.append((float(loss_dis.array), float(loss_gen.array)))
+
+
+@pytest.mark.parametrize("given", ["both", "generator"])
+def test_12_a_gan_updater_with_two_backward_passes(given):
+    pick = None if given == "both" else (lambda models: models[0])
+    for policy in ("swap-all", "pooch"):
+        plain, under = compare(_gan, _gan_loop, profile_iters=2, policy=policy, models=pick)
+        assert identical(plain, under), policy
+
+
+def test_11_a_refusal_restores_every_model_that_ran():
+    under = run(_gan, _gan_loop, {"budget": 3000, "policy": "swap-all",
+                                  "models": lambda models: models[0]})
+    assert isinstance(under.error, BudgetTooSmallError)
+    assert refused_cleanly(_gan, under)
+
+
+def test_11_every_link_that_runs_is_counted_as_resident():
+    from pooch_ext.hooks.device import resident_bytes
+    from pooch_ext.hooks.scope import Models
+
+    under = run(_gan, _gan_loop, {"policy": "swap-all", "models": lambda models: models[0]})
+    assert under.error is None
+    gen, dis = under.pooch.models.links
+    assert under.pooch.profile.resident_bytes == resident_bytes(Models([gen, dis]))
+
+
+# ---------------------------------------------------------------- 10: plan cache
+
+def test_10_a_graph_that_comes_back_is_not_profiled_again():
+    epoch = batches(5) + batches(1, batch=3, seed=8)      # a last partial batch
+    plain, under = compare(branchy(), standard_loop(epoch * 5), profile_iters=2,
+                           policy="swap-all")
+    assert identical(plain, under)
+    pooch = under.pooch
+    assert sum("plan for" in m for m in pooch.messages) == 2       # one per graph
+    assert sum("new graph" in m for m in pooch.messages) == 1
+    runs = pooch.iterations
+    # the partial batch runs unplanned once (measured from its first op), then with the
+    # profiling plan once, then with its own plan; the full batches never leave theirs
+    assert list(runs.deviation != "") == [k == 5 for k in range(30)]
+    assert list(runs.program.iloc[5::6]) == ["swap-all", "profile", "swap-all", "swap-all",
+                                             "swap-all"]
+    assert (runs.program.iloc[[k for k in range(2, 30) if k % 6 != 5]] == "swap-all").all()
+
+
+def test_10_a_branch_taken_on_some_iterations_gets_its_own_plan():
+    class Branching(chainer.Chain):
+        def __init__(self):
+            super().__init__()
+            with self.init_scope():
+                self.c1 = L.Convolution2D(3, 4, 3, pad=1)
+                self.c2 = L.Convolution2D(4, 4, 3, pad=1)
+                self.fc = L.Linear(None, 5)
+            self.step = 0
+
+        def forward(self, x):
+            self.step += 1
+            h = F.relu(self.c1(x))
+            if self.step % 3 == 0:
+                h = F.relu(self.c2(h))
+            return self.fc(h)
+
+    def build():
+        model = Branching()
+        return [model], [make_optimizer(model)]
+    plain, under = compare(build, standard_loop(batches(15)), profile_iters=2, policy="pooch")
+    assert identical(plain, under)
+    assert sum("plan for" in m for m in under.pooch.messages) == 2
+    assert list(under.pooch.iterations.program[-3:]) != ["on-demand"] * 3
+
+
+# ---------------------------------------------------------------- 13: static graph
+
+class StaticNet(chainer.Chain):
+    def __init__(self) -> None:
+        super().__init__()
+        with self.init_scope():
+            self.l1 = L.Linear(192, 16)
+            self.l2 = L.Linear(16, 5)
+
+    @chainer.static_graph
+    def forward(self, x):
+        return self.l2(F.relu(self.l1(x)))
+
+
+def test_13_static_graph_models_are_refused_before_any_update():
+    def build():
+        model = StaticNet()
+        return [model], [make_optimizer(model)]
+    plain, under = compare(build, standard_loop(batches(3)), policy="swap-all")
+    assert plain.error is None
+    assert refused_cleanly(build, under) and "static_graph" in str(under.error)
+
+
+# ---------------------------------------------------------------- 14: what Chainer keeps
+
+class Held(chainer.Chain):
+    """Keeps an intermediate in an attribute until the next forward, and runs a forward-only
+    F.max (which retains its input) on the way, like a CRF's argmax."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        with self.init_scope():
+            self.c1 = L.Convolution2D(3, 8, 3, pad=1)
+            self.c2 = L.Convolution2D(8, 8, 3, pad=1)
+            self.fc = L.Linear(None, 5)
+        self.kept = None
+
+    def forward(self, x):
+        h = F.relu(self.c1(x))
+        self.kept = F.tanh(h)                       # held by the model beyond its use
+        self.best = F.max(h, axis=1).array.argmax()  # forward-only op retaining its input
+        return self.fc(F.relu(self.c2(h)))
+
+
+def test_14_the_in_core_need_counts_what_chainer_keeps():
+    def build():
+        model = Held()
+        return [model], [make_optimizer(model)]
+    data = batches(6)
+    probe = run(build, standard_loop(data), {"profile_iters": 2, "policy": "in-core"})
+    assert probe.error is None
+    pooch = probe.pooch
+    measured = pooch.iterations.peak_bytes.iloc[2:].max()
+    assert measured <= pooch.profile.incore_peak_bytes
+    for fraction in (0.0, 0.5):
+        budget = budget_between(pooch.profile, fraction)
+        plain, under = compare(build, standard_loop(data), profile_iters=2, budget=budget,
+                               policy="pooch")
+        assert identical(plain, under), fraction
+        assert (under.pooch.iterations.peak_bytes.iloc[2:] <= budget).all()
