@@ -103,7 +103,9 @@ def variant_times(model: SimModel, codes: np.ndarray, changes: list[tuple[int, i
     h2d_free = np.zeros(V)
     qmax = queue.shape[1] - 1 if m else 0
     for b in range(n_fwd, n):
-        while True:   # swap-ins: in queue order, when released (or forced at the first need)
+        # swap-ins: in queue order, when released (or forced at the first need); each round
+        # advances qpos (<= qlen) of at least one variant or breaks, so it ends
+        while True:
             active = qpos < qlen
             if not active.any():
                 break

@@ -6,6 +6,7 @@ figures are per direction; ``pcie3`` uses the ~12 GB/s such links measure in pra
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from pooch_ext.errors import check_name
@@ -23,8 +24,11 @@ class Link:
     latency_s: float = 10e-6
 
     def __post_init__(self) -> None:
-        if not (self.d2h_bytes_per_s > 0 and self.h2d_bytes_per_s > 0 and self.latency_s >= 0):
-            raise ValueError(f"link {self.name!r}: bandwidths must be > 0 and latency >= 0")
+        values = (self.d2h_bytes_per_s, self.h2d_bytes_per_s, self.latency_s)
+        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+                   for v in values) or not (values[0] > 0 and values[1] > 0 and values[2] >= 0):
+            raise ValueError(f"link {self.name!r}: bandwidths must be finite and > 0, latency "
+                             f"finite and >= 0")
 
     def swap_out_s(self, nbytes: float) -> float:
         """Seconds to copy ``nbytes`` device -> host."""

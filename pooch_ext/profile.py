@@ -56,6 +56,9 @@ memory (device allocations in program order, attributed to ops)
   use. Policies move feature-map frees; every other event stays where it is.
 
 resident_bytes: parameters, their gradients and optimizer state, which no policy moves.
+
+A Profile is checked when it is made and when it is loaded (profile_check.py): a value that
+cannot be right raises ProfileError naming the table (or file), row and column.
 """
 from __future__ import annotations
 
@@ -70,6 +73,7 @@ import pandas as pd
 
 from pooch_ext.errors import ProfileError
 from pooch_ext.links import Link
+from pooch_ext.profile_check import MAX_BYTES, Problem, ProfileProblems, check_tables
 
 FORMAT_VERSION = 1
 HEADER_FILE = "profile.json"
@@ -86,12 +90,37 @@ def _missing(text: Any) -> bool:
     return text is None or (isinstance(text, float) and math.isnan(text))
 
 
+def _parse_int(value: Any) -> int:
+    """An integer cell: int, integral float or decimal text; never a bool, a fraction or NaN."""
+    if isinstance(value, (bool, np.bool_)):
+        raise ValueError("a boolean is not an integer")
+    if isinstance(value, (float, np.floating)):
+        if not float(value).is_integer():
+            raise ValueError("not an integer")
+        value = int(value)
+    number = int(value.strip()) if isinstance(value, str) else int(value)
+    if abs(number) > MAX_BYTES:
+        raise OverflowError(f"beyond {MAX_BYTES}")
+    return number
+
+
+def _parse_held(value: Any) -> int:
+    """held_until: -1 where missing (nothing holds the tensor past its last use)."""
+    return -1 if _missing(value) else _parse_int(value)
+
+
+def _parse_float(value: Any) -> float:
+    if isinstance(value, (bool, np.bool_)):
+        raise ValueError("a boolean is not a number")
+    return float(value)
+
+
 def _ints(text: Any, sep: str | None) -> list[int]:
     """A cell's integers: a sequence as it is, text split at ``sep``; empty or missing: []."""
     if isinstance(text, (list, tuple, np.ndarray)):
-        return [int(v) for v in text]
+        return [_parse_int(v) for v in text]
     text = "" if _missing(text) else str(text).strip()
-    return [int(part) for part in text.split(sep)] if text else []
+    return [_parse_int(part) for part in text.split(sep)] if text else []
 
 
 def _parse_int_list(text: Any) -> list[int]:
@@ -131,50 +160,70 @@ class Column:
     name: str
     parse: Callable[[Any], Any]
     format: Callable[[Any], Any] = lambda v: v
+    optional: bool = False      # folders saved before the column existed load without it
 
 
 OPS_COLUMNS = (
-    Column("op", int), Column("phase", _parse_str), Column("name", _parse_str),
-    Column("label", _parse_str), Column("fwd_op", int), Column("duration_s", float),
+    Column("op", _parse_int), Column("phase", _parse_str), Column("name", _parse_str),
+    Column("label", _parse_str), Column("fwd_op", _parse_int), Column("duration_s", _parse_float),
     Column("inputs", _parse_int_list, _format_int_list),
     Column("outputs", _parse_int_list, _format_int_list),
     Column("needs", _parse_int_list, _format_int_list),
-    Column("transient_bytes", int),
+    Column("transient_bytes", _parse_int),
 )
 TENSORS_COLUMNS = (
-    Column("tensor", int), Column("producer", int), Column("output_index", int),
+    Column("tensor", _parse_int), Column("producer", _parse_int), Column("output_index", _parse_int),
     Column("shape", _parse_shape, format_shape), Column("dtype", _parse_str),
-    Column("bytes", int), Column("kind", _parse_str),
+    Column("bytes", _parse_int), Column("kind", _parse_str),
     Column("fwd_consumers", _parse_int_list, _format_int_list),
     Column("bwd_consumers", _parse_int_list, _format_int_list),
-    Column("swap_out_s", float), Column("swap_in_s", float),
+    Column("swap_out_s", _parse_float), Column("swap_in_s", _parse_float),
     Column("recompute_ops", _parse_int_list, _format_int_list),
     Column("recompute_sources", _parse_int_list, _format_int_list),
-    Column("recompute_s", float),
+    Column("recompute_s", _parse_float),
     Column("can_keep", _parse_bool), Column("can_swap", _parse_bool),
     Column("can_recompute", _parse_bool), Column("why_not", _parse_str),
-    Column("held_until", lambda v: -1 if _missing(v) else int(v)),
+    Column("held_until", _parse_held, optional=True),
 )
 MEMORY_COLUMNS = (
-    Column("seq", int), Column("op", int), Column("kind", _parse_str), Column("bytes", int),
-    Column("tensor", int), Column("category", _parse_str),
+    Column("seq", _parse_int), Column("op", _parse_int), Column("kind", _parse_str),
+    Column("bytes", _parse_int), Column("tensor", _parse_int), Column("category", _parse_str),
 )
 TABLES = {"ops": OPS_COLUMNS, "tensors": TENSORS_COLUMNS, "memory": MEMORY_COLUMNS}
+SCALAR_TYPES = {_parse_int: "int64", _parse_float: "float64", _parse_bool: bool}
+EXPECTED = {_parse_int: "an integer", _parse_held: "an integer", _parse_float: "a number",
+            _parse_bool: "true or false", _parse_int_list: "integers separated by spaces",
+            _parse_shape: "a shape such as 2x3x4"}
 
 
-def _frame(rows: list[dict] | pd.DataFrame, columns: tuple[Column, ...]) -> pd.DataFrame:
-    """Normalize rows into a frame with exactly the contract's columns, parsed cell types."""
+def _frame(table: str, rows: list[dict] | pd.DataFrame, problems: list[Problem]) -> pd.DataFrame:
+    """Rows as a frame with exactly the contract's columns and cell types; what cannot be
+    read goes to ``problems`` (a missing number or boolean column, an unreadable cell)."""
+    columns = TABLES[table]
     frame = pd.DataFrame(rows)
+    parsed = {}
     for column in columns:
         if column.name not in frame.columns:
+            if column.parse in SCALAR_TYPES:
+                problems.append(Problem(table, None, column.name, "missing"))
+                continue
             frame[column.name] = pd.Series(dtype=object)
-    out = pd.DataFrame({c.name: [c.parse(v) for v in frame[c.name]] for c in columns},
-                       columns=[c.name for c in columns])
+        values = []
+        for row, cell in enumerate(frame[column.name]):
+            try:
+                values.append(column.parse(cell))
+            except (ValueError, TypeError, OverflowError) as error:
+                why = f" ({error})" if str(error).startswith("beyond") else ""
+                problems.append(Problem(table, row, column.name, f"cannot read {cell!r} as "
+                                                                 f"{EXPECTED[column.parse]}{why}"))
+                break
+        parsed[column.name] = values
+    if problems:
+        return frame
+    out = pd.DataFrame(parsed, columns=[c.name for c in columns])
     for column in columns:
-        if column.parse in (int, float):
-            out[column.name] = out[column.name].astype("int64" if column.parse is int else "float64")
-        elif column.parse is _parse_bool:
-            out[column.name] = out[column.name].astype(bool)
+        if column.parse in SCALAR_TYPES:
+            out[column.name] = out[column.name].astype(SCALAR_TYPES[column.parse])
     return out
 
 
@@ -187,6 +236,15 @@ class Device:
     name: str
     capacity_bytes: int
     kind: str = "analytic"  # "analytic" | "cuda" | "host-sim"
+
+    def __post_init__(self) -> None:
+        capacity = self.capacity_bytes
+        if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)) \
+                or not 0 < capacity <= MAX_BYTES:
+            raise ValueError(f"device capacity_bytes must be an integer in 1..{MAX_BYTES}, "
+                             f"not {capacity!r}")
+        if not isinstance(self.name, str) or not isinstance(self.kind, str):
+            raise ValueError("device name and kind must be strings")
 
 
 @dataclass
@@ -202,10 +260,23 @@ class Profile:
     meta: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.ops = _frame(self.ops, OPS_COLUMNS)
-        self.tensors = _frame(self.tensors, TENSORS_COLUMNS)
-        self.memory = _frame(self.memory, MEMORY_COLUMNS)
-        self.resident_bytes = int(self.resident_bytes)
+        problems: list[Problem] = []
+        self.ops = _frame("ops", self.ops, problems)
+        self.tensors = _frame("tensors", self.tensors, problems)
+        self.memory = _frame("memory", self.memory, problems)
+        if problems:
+            raise ProfileProblems(problems)
+        try:
+            self.resident_bytes = _parse_int(self.resident_bytes)
+        except (ValueError, TypeError, OverflowError):
+            self.resident_bytes = -1
+        if not 0 <= self.resident_bytes <= MAX_BYTES:
+            raise ProfileError(f"resident_bytes must be an integer in 0..{MAX_BYTES}")
+        if not isinstance(self.device, Device) or not isinstance(self.link, Link):
+            raise ProfileError("device and link must be a profile.Device and a links.Link")
+        if not isinstance(self.meta, dict):
+            raise ProfileError("meta must be a dict")
+        self.check()
 
     # ------------------------------------------------------------ views
     @property
@@ -314,61 +385,23 @@ class Profile:
             link = Link(**header["link"])
         except (TypeError, ValueError) as error:
             raise ProfileError(f"{directory / HEADER_FILE}: field 'device'/'link': {error}") from None
-        profile = cls(tables["ops"], tables["tensors"], tables["memory"], header["resident_bytes"],
-                      device, link, header.get("meta", {}))
-        problems = profile.validate()
-        if problems:
-            raise ProfileError(f"{directory}: inconsistent profile: {problems[0]}"
-                               + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
-        return profile
+        try:
+            return cls(tables["ops"], tables["tensors"], tables["memory"], header["resident_bytes"],
+                       device, link, header.get("meta", {}))
+        except ProfileProblems as error:
+            raise ProfileProblems(error.problems, directory) from None
 
     # ------------------------------------------------------------ consistency
+    def check(self) -> None:
+        """Raise ProfileError naming the first problem unless the tables are sound (they are
+        checked when the profile is made; this sees edits made in place since)."""
+        problems = check_tables(self.ops, self.tensors, self.memory)
+        if problems:
+            raise ProfileProblems(problems)
+
     def validate(self) -> list[str]:
-        """Cross-table consistency problems, each naming the file and field; [] when sound."""
-        problems: list[str] = []
-        ops, tensors, memory = self.ops, self.tensors, self.memory
-        if list(ops["op"]) != list(range(len(ops))):
-            problems.append("ops.csv field 'op': must be 0, 1, 2, ... in row order")
-        bad_phase = set(ops["phase"]) - set(PHASES)
-        if bad_phase:
-            problems.append(f"ops.csv field 'phase': unknown values {sorted(bad_phase)}")
-        if (ops["duration_s"] < 0).any() or not np.isfinite(ops["duration_s"]).all():
-            problems.append("ops.csv field 'duration_s': must be finite and >= 0")
-        bad_kind = set(tensors["kind"]) - set(TENSOR_KINDS)
-        if bad_kind:
-            problems.append(f"tensors.csv field 'kind': unknown values {sorted(bad_kind)}")
-        if tensors["tensor"].duplicated().any():
-            problems.append("tensors.csv field 'tensor': duplicate ids")
-        if (tensors["bytes"] < 0).any():
-            problems.append("tensors.csv field 'bytes': must be >= 0")
-        known_tensors = set(tensors["tensor"])
-        n = len(ops)
-        for column in ("inputs", "outputs", "needs"):
-            missing = {t for ts in ops[column] for t in ts} - known_tensors
-            if missing:
-                problems.append(f"ops.csv field '{column}': unknown tensors {sorted(missing)[:5]}")
-        for column in ("fwd_consumers", "bwd_consumers", "recompute_ops"):
-            wrong = {o for os_ in tensors[column] for o in os_ if not 0 <= o < n}
-            if wrong:
-                problems.append(f"tensors.csv field '{column}': op indices out of range {sorted(wrong)[:5]}")
-        if ((tensors["producer"] < -1) | (tensors["producer"] >= n)).any():
-            problems.append("tensors.csv field 'producer': op index out of range")
-        backward = ops["phase"] == "backward"
-        if ((ops.loc[backward, "fwd_op"] < 0) | (ops.loc[backward, "fwd_op"] >= n)).any():
-            problems.append("ops.csv field 'fwd_op': a backward op must name its forward op")
-        bad_mem = set(memory["kind"]) - set(MEMORY_KINDS)
-        if bad_mem:
-            problems.append(f"memory.csv field 'kind': unknown values {sorted(bad_mem)}")
-        bad_cat = set(memory["category"]) - set(MEMORY_CATEGORIES)
-        if bad_cat:
-            problems.append(f"memory.csv field 'category': unknown values {sorted(bad_cat)}")
-        if ((memory["op"] < 0) | (memory["op"] >= n)).any():
-            problems.append("memory.csv field 'op': op index out of range")
-        if (np.diff(memory["seq"].to_numpy()) <= 0).any() or (np.diff(memory["op"].to_numpy()) < 0).any():
-            problems.append("memory.csv fields 'seq'/'op': events must be in program order")
-        if (memory["bytes"] < 0).any():
-            problems.append("memory.csv field 'bytes': must be >= 0")
-        return problems
+        """Every problem of the tables, each naming table, row and column; [] when sound."""
+        return [problem.where() for problem in check_tables(self.ops, self.tensors, self.memory)]
 
 
 def _frames_equal(a: pd.DataFrame, b: pd.DataFrame) -> bool:
@@ -401,10 +434,10 @@ def _read_header(path: Path) -> dict:
     if header["format_version"] != FORMAT_VERSION:
         raise ProfileError(f"{path}: field 'format_version' is {header['format_version']!r}, "
                            f"this pooch-ext reads {FORMAT_VERSION}")
-    if not isinstance(header["resident_bytes"], int) or header["resident_bytes"] < 0:
-        raise ProfileError(f"{path}: field 'resident_bytes' must be a non-negative integer")
-    for key in ("device", "link", "rows"):
-        if not isinstance(header[key], dict):
+    if type(header["resident_bytes"]) is not int or not 0 <= header["resident_bytes"] <= MAX_BYTES:
+        raise ProfileError(f"{path}: field 'resident_bytes' must be an integer in 0..{MAX_BYTES}")
+    for key in ("device", "link", "rows", "meta"):
+        if not isinstance(header.get(key, {}), dict):
             raise ProfileError(f"{path}: field '{key}' must be an object")
     return header
 
@@ -418,22 +451,12 @@ def _read_table(path: Path, columns: tuple[Column, ...], expected_rows: int | No
         raise ProfileError(f"{path}: empty file (expected a header row)") from None
     except (pd.errors.ParserError, UnicodeDecodeError) as error:
         raise ProfileError(f"{path}: not a readable CSV ({str(error).splitlines()[0]})") from None
-    missing = [c.name for c in columns if c.name not in raw.columns]
+    missing = [c.name for c in columns if c.name not in raw.columns and not c.optional]
     if missing:
         raise ProfileError(f"{path}: missing field(s) {', '.join(repr(m) for m in missing)}")
     if expected_rows is not None and len(raw) != expected_rows:
         raise ProfileError(f"{path}: {len(raw)} rows, the header promises {expected_rows} "
                            "(file truncated?)")
-    parsed = {}
-    for column in columns:
-        values = []
-        for row, text in enumerate(raw[column.name]):
-            try:
-                if column.parse in (int, float) and text == "":
-                    raise ValueError("empty")
-                values.append(column.parse(text))
-            except (ValueError, TypeError):
-                raise ProfileError(f"{path}: field '{column.name}', row {row + 1}: "
-                                   f"cannot read {text!r}") from None
-        parsed[column.name] = values
-    return _frame(pd.DataFrame(parsed, columns=[c.name for c in columns]), columns)
+    if not path.read_bytes().endswith(b"\n"):   # save() ends every line: a cut last row
+        raise ProfileError(f"{path}: the last line has no end (file truncated?)")
+    return raw

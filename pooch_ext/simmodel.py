@@ -93,11 +93,13 @@ def fingerprint(profile: Profile, link: Link | None) -> bytes:
 def compile_profile(profile: Profile, link: Link | str | None = None) -> SimModel:
     """The SimModel of ``profile`` on ``link`` (None: the profile's own swap times).
 
-    Cached by content, so the result depends only on what the profile holds now."""
+    Cached by content, so the result depends only on what the profile holds now; a profile
+    compiled for the first time (or changed since) is checked first (ProfileError)."""
     link_obj = None if link is None else get_link(link)
     key = fingerprint(profile, link_obj)
     model = _CACHE.get(key)
     if model is None:
+        profile.check()
         model = _compile(profile, link_obj)
         _CACHE[key] = model
         while len(_CACHE) > CACHE_SIZE:

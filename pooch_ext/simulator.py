@@ -234,7 +234,7 @@ def run(model: SimModel, codes: np.ndarray, timing: str = "early", budget: float
 
     def release_done(b: int) -> None:
         nonlocal done_wait
-        while inflight and so_done[inflight[0]] <= t + EPS:
+        while inflight and so_done[inflight[0]] <= t + EPS:   # pops one map per round
             i = inflight.popleft()
             if last_fwd[i] < b:
                 release(i, b)
@@ -259,12 +259,19 @@ def run(model: SimModel, codes: np.ndarray, timing: str = "early", budget: float
         release_done(b)
 
     def force_release(b: int, need: float) -> bool:
-        """Release pending swap-outs in copy order until ``need`` bytes fit; stall compute."""
+        """Release pending swap-outs in copy order until ``need`` bytes fit; stall compute.
+
+        Bounded: each round releases map i or raises. Copy ends are non-decreasing in copy
+        order when copy times are finite and >= 0, so after waiting for i every copy queued
+        before it is done too and leaves ``inflight`` along with i."""
         while top[b] + need > budget:
             i = next((j for j in inflight if last_fwd[j] < b), -1)
             if i < 0:
                 return False
             wait_swap_out(i, b)
+            if not released[i]:
+                raise ValueError(f"swap-out of tensor {int(model.tensor[i])} never completes "
+                                 f"(copy times must be finite and >= 0; got {so_s[i]!r} s)")
         return True
 
     def room(i: int, b: int) -> bool:
@@ -333,7 +340,7 @@ def run(model: SimModel, codes: np.ndarray, timing: str = "early", budget: float
             if vdnn:
                 pos = np.searchsorted(conv_bwd, b + 1)
                 window_end = int(conv_bwd[pos]) if pos < len(conv_bwd) else n
-            while qpos < len(queue):
+            while qpos < len(queue):   # each round starts a swap-in (qpos + 1) or breaks
                 i = queue[qpos]
                 forced = first_at[i] == b
                 if not forced:

@@ -88,7 +88,7 @@ def test_missing_or_bad_field_is_named(toy_profile, tmp_path):
     with pytest.raises(ProfileError, match="ops.csv: missing field.*'duration_s'"):
         Profile.load(tmp_path)
     save_with(toy_profile, tmp_path, "memory", set_cell(3, "bytes", "lots"))
-    with pytest.raises(ProfileError, match="memory.csv: field 'bytes', row 4: cannot read 'lots'"):
+    with pytest.raises(ProfileError, match="memory.csv, row 4, column 'bytes': cannot read 'lots'"):
         Profile.load(tmp_path)
 
 
@@ -103,7 +103,7 @@ def test_truncated_and_inconsistent_folders(toy_profile, tmp_path):
     with pytest.raises(ProfileError, match="missing field 'link'"):
         Profile.load(tmp_path)
     save_with(toy_profile, tmp_path, "ops", set_cell(0, "inputs", "999"))
-    with pytest.raises(ProfileError, match="ops.csv field 'inputs': unknown tensors"):
+    with pytest.raises(ProfileError, match="ops.csv, row 1, column 'inputs': tensor 999 is not in"):
         Profile.load(tmp_path)
 
 
