@@ -32,7 +32,7 @@ from typing import Any, Callable
 import pandas as pd
 
 from pooch_ext.errors import PoochError
-from pooch_ext.hooks.device import Transfer, resident_bytes
+from pooch_ext.hooks.device import Transfer, base_of, resident_bytes
 from pooch_ext.hooks.graph import _TAG, GraphRecorder, GraphTrace
 from pooch_ext.hooks.recompute import recompute
 from pooch_ext.profile import Profile
@@ -491,6 +491,7 @@ class Executor(GraphRecorder):
         self.slots = {}
         self._retained_out = {}
         self._inputs_held = {}
+        self._input_bases: set[int] = set()
         self._candidates = []
         self._after_op = []
         self._next_boundary = 0
@@ -577,16 +578,23 @@ class Executor(GraphRecorder):
         op = self.trace.ops[index]
         in_data, self._pending_in_data = self._pending_in_data, None
         program = self.program
-        if program is not None and program.input_sources and in_data is not None:
-            for node, array in zip(function.inputs, in_data):
-                tag = getattr(node, _TAG, None)
-                if tag is not None and tag[0] is self._serial and tag[1] in program.input_sources:
-                    self._inputs_held[tag[1]] = array
+        tensors = self.trace.tensors
+        for node, array in zip(function.inputs, in_data or ()):
+            tag = getattr(node, _TAG, None)
+            if tag is None or tag[0] is not self._serial or tensors[tag[1]].producer >= 0:
+                continue
+            # a network input is the caller's (a batch the data set may keep): views of it,
+            # such as a reshape, hold no device memory of the iteration's own
+            self._input_bases.add(id(base_of(array)))
+            if program is not None and tag[1] in program.input_sources:
+                self._inputs_held[tag[1]] = array
         del in_data     # the op's inputs are not ours to hold (memory counted below)
         for position, p in enumerate(op.retain_outputs):
             self._retained_out[op.outputs[p]] = (index, position)
         for t in op.outputs:
-            self.device.track(self.array_of(t), t)
+            array = self.array_of(t)
+            if array is not None and id(base_of(array)) not in self._input_bases:
+                self.device.track(array, t)
         if program is not None and not self.deviation and not self.passive:
             self._check_resolved(index)
         if self._on_demand():

@@ -12,7 +12,11 @@ Facts of Chainer 7 this relies on (DESIGN.md):
   recorded, so an op is *resolved* (outputs, retained indexes) at the next hook call;
 * functions applied inside a backward (e.g. Convolution2DGradW) belong to that backward op
   and are not forward ops;
-* nothing is recorded while ``enable_backprop`` is off (evaluation, recomputation).
+* nothing is recorded while ``enable_backprop`` is off (evaluation, recomputation);
+* Chainer has no hook for the start and end of a backward pass: the entry points are wrapped
+  while a recorder is entered (``_listen``), which also tells double backprop apart;
+* a VariableNode keeps only a weak reference to its Variable, so a weakref callback on the
+  Variable tells when the caller's code let go of a tensor (``TensorRecord.held_until``).
 
 Tensor ids are assigned in creation order (network inputs when first consumed), which is what
 ``ProfileBuilder`` does, so ``GraphTrace.to_builder`` reproduces them exactly.

@@ -4,27 +4,29 @@
         trainer.run()              # or any loop: loss.backward(); optimizer.update()
     pooch.plan.counts              # {'keep': ..., 'swap': ..., 'recompute': ...}
 
-Iterations are found without the user's help (a forward after a backward starts a new one).
-The first ``profile_iters`` iterations are real training iterations, exactly as plain Chainer
-runs them, with every feature map swapped (paper 4.2): the first one on demand (nothing is
-known yet), the others by the swap-all schedule, so a network larger than the device can be
-profiled. Then the policy classifies on the measured profile, a log line says what was
-decided, and the following iterations replay the plan's schedule. If the graph changes (other
-shapes or ops), the plan is dropped for that iteration and PoocH profiles again.
+Iterations are found without the user's help (hooks/graph.py says how). Each graph PoocH
+meets (by its signature: ops, shapes, wiring) gets ``profile_iters`` real training iterations,
+exactly as plain Chainer runs them, with every feature map swapped (paper 4.2): the first
+one on demand (nothing is known yet), the others by the swap-all schedule, so a network
+larger than the device can be profiled. Then the policy classifies on the measured profile, a
+log line says what was decided, and the graph's iterations replay the plan's schedule. Plans
+are kept per graph (``MAX_PLANS``), so a graph that comes back reuses its plan.
 
 The budget (None: the device's capacity) applies from the second profiled iteration on: the
 first one runs before anything is known, swapping on demand, and tells the smallest budget
 any plan can reach. The check comes at the end of that first backward pass, before the
 optimizer's update: a budget below the minimum, or one the chosen policy cannot meet on the
 first iteration's measurements, raises BudgetTooSmallError (with the minimum) out of
-``loss.backward()``, and the model's parameters, gradients and persistent state
-(BatchNormalization statistics) are put back as they were when the ``with`` block began, so
-the failed attempt changes nothing. (Should the policy fail only on the final profile, the
-error comes after profiling, leaving the state plain training would have.)
+``loss.backward()``, and every link's parameters, gradients and persistent state
+(BatchNormalization statistics) are put back as they were, so the failed attempt changes
+nothing. A loop PoocH cannot run exactly (double backprop, a static graph) is refused at the
+first optimizer update (``UnsupportedLoopError``). After the first update nothing is refused:
+a policy that cannot plan leaves the swap-all plan running, an unsupported iteration runs as
+plain Chainer.
 
-Arrays of intermediate Variables the user's code still holds are dropped while a plan needs
-their memory (after their last forward use) and put back before backward reads them; after
-their last use they are left to the user, as plain Chainer would.
+Variables the user's code still holds keep their arrays (only the graph's references are
+dropped); the profile measures how long they are held and plans count them as kept for that
+long.
 """
 from __future__ import annotations
 
