@@ -73,11 +73,8 @@ def main(argv: list[str] | None = None) -> int:
             base = None
             print(f"  {link:8s} {'policy':17s} {'fits':5s} {'iter ms':>9s} {'speed':>6s} "
                   f"{'keep':>5s} {'swap':>5s} {'rec':>5s} {'classify s':>10s}")
-            for name in POLICY_NAMES + ("pooch-paper",):
-                if name == "pooch-paper":   # the paper's two steps alone, no refinement
-                    plan = get_policy("pooch").classify(profile, budget, link, refine=False)
-                else:
-                    plan = get_policy(name).classify(profile, budget, link)
+            for name in POLICY_NAMES:
+                plan = get_policy(name).classify(profile, budget, link)
                 if name == "swap-all-nosched":
                     base = plan.iteration_time_s
                 rows.append(dict(model=model, batch=batch, input_size=size or "", link=link,

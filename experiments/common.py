@@ -64,14 +64,10 @@ def classify(p: Profile, policy: str, link: str | Link, budget: str | int | None
 
     A budget below the minimum any plan reaches gives an infeasible empty plan, not an error:
     sweeps record it as a failure point."""
-    name = "pooch" if policy == "pooch-paper" else policy
-    extra = {"refine": False} if policy == "pooch-paper" else {}
     try:
-        plan = get_policy(name).classify(p, budget_bytes(p, budget), get_link(link), **extra)
+        return get_policy(policy).classify(p, budget_bytes(p, budget), get_link(link))
     except BudgetTooSmallError as error:
         return Plan(policy, {}, feasible=False, reason=str(error))
-    plan.policy = policy
-    return plan
 
 
 def row(p: Profile, plan: Plan, link: str | Link, budget: str | int | None = None, **extra) -> dict:

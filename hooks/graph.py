@@ -291,6 +291,7 @@ class GraphRecorder(chainer.FunctionHook):
         self._visited: set[int] = set()
         self._position = -1                         # the op running or last started
         self._watch: list[weakref.ref] = []         # weakrefs whose callbacks measure holding
+        self._node_death: list[list] = []           # [OpRecord, op at which its node died or -2]
 
     # ------------------------------------------------------------ context
     def __enter__(self) -> "GraphRecorder":
@@ -523,6 +524,9 @@ class GraphRecorder(chainer.FunctionHook):
             if record.held_until >= 0 and record.held_until != HELD_TO_END:
                 record.held_until = max(0, record.held_until - n_ops)
         trace.ops, trace.tensors = ops, tensors
+        for cell in self._node_death:
+            if cell[1] >= 0:
+                cell[1] = max(0, cell[1] - n_ops)
         self.functions = self.functions[n_ops:]
         self._labels = self._labels[n_ops:]
         self._tensor_marks = [m - n_tensors for m in self._tensor_marks[n_ops:]]
@@ -568,6 +572,7 @@ class GraphRecorder(chainer.FunctionHook):
         self._visited = set()
         self._position = -1
         self._watch = []
+        self._node_death = []
         self.on_iteration_start()
 
     def _end_iteration(self) -> None:
@@ -579,11 +584,22 @@ class GraphRecorder(chainer.FunctionHook):
         for record in trace.tensors:      # still held by something as the iteration ends
             if record.held_until == -2:
                 record.held_until = HELD_TO_END
-        for k in trace.revisited:         # later passes read what these ops keep
-            op = trace.ops[k]
-            for t in [op.inputs[p] for p in op.retain_inputs] + \
-                     [op.outputs[p] for p in op.retain_outputs]:
-                trace.tensors[t].held_until = HELD_TO_END
+        visited = set(trace.backward_order)
+        death = {id(op): at for op, at in self._node_death}
+        for k, op in enumerate(trace.ops):
+            kept = [op.inputs[p] for p in op.retain_inputs] + \
+                [op.outputs[p] for p in op.retain_outputs]
+            if k in trace.revisited:          # later passes read what these ops keep
+                until = HELD_TO_END
+            elif k not in visited and id(op) in death:    # kept for a backward that never
+                at = death[id(op)]                        # ran, while the node lived
+                until = HELD_TO_END if at == -2 else at
+            else:
+                continue
+            for t in kept:
+                record = trace.tensors[t]
+                if record.producer >= 0 and record.held_until != HELD_TO_END:
+                    record.held_until = max(record.held_until, until)
         self._watch = []
         self.traces.append(trace)
         del self.traces[:-self.keep_traces]
@@ -613,34 +629,36 @@ class GraphRecorder(chainer.FunctionHook):
             return
         self._arrays[id(array)] = (ref, tid)
 
-    def _held_now(self, tid: int) -> None:
-        """Callback target: whatever held ``tid`` let go of it while op ``_position`` ran."""
-        if self.trace is not None and tid < len(self.trace.tensors):
-            record = self.trace.tensors[tid]
-            if record.held_until != HELD_TO_END:
-                record.held_until = max(record.held_until if record.held_until >= 0 else -1,
-                                        self._position)
-
-    def _watch_holder(self, holder: Any, tids: list[int]) -> None:
-        """Until ``holder`` dies, mark ``tids`` as held (-2: still held); its death records
-        the op at which it let go."""
-        if not tids or self.trace is None:
+    def _watch_holder(self, holder: Any, records: list[TensorRecord]) -> None:
+        """Until ``holder`` dies, mark ``records`` as held (-2: still held); its death records
+        the op at which it let go (records, not ids: a compaction renumbers them)."""
+        if not records:
             return
-        serial, trace = self._serial, self.trace
-        for t in tids:
-            trace.tensors[t].held_until = -2 if trace.tensors[t].held_until != HELD_TO_END \
-                else HELD_TO_END
+        serial = self._serial
+        for record in records:
+            if record.held_until != HELD_TO_END:
+                record.held_until = -2
 
-        def released(_ref: Any, tids=tuple(tids)) -> None:
+        def released(_ref: Any) -> None:
             if self._serial is serial:
-                for t in tids:
-                    record = trace.tensors[t] if t < len(trace.tensors) else None
-                    if record is not None and record.held_until == -2:
+                for record in records:
+                    if record.held_until == -2:
                         record.held_until = max(self._position, 0)
         try:
             self._watch.append(weakref.ref(holder, released))
         except TypeError:
             pass
+
+    def _watch_node(self, function: Any, op: OpRecord) -> None:
+        """Note when ``op``'s function node dies: until then it holds what it retains (what
+        matters for an op whose backward the first pass does not run)."""
+        serial, cell = self._serial, [op, -2]
+        self._node_death.append(cell)
+
+        def released(_ref: Any) -> None:
+            if self._serial is serial:
+                cell[1] = max(self._position, 0)
+        self._watch.append(weakref.ref(function, released))
 
     def _tensor_id(self, node: Any, producer: int, output_index: int) -> int:
         """The id of ``node`` in this iteration, recording it as a new tensor when first seen."""
@@ -694,12 +712,16 @@ class GraphRecorder(chainer.FunctionHook):
                 variable = node.get_variable_or_none()
                 if variable is not None:
                     self.register_array(variable._data[0], tid)
-                    self._watch_holder(variable, [tid])
+                    self._watch_holder(variable, [self.trace.tensors[tid]])
             outputs.append(tid)
         retained_in = [positions[i] for i in (function._input_indexes_to_retain or ())
                        if i in positions]
         retained_out = list(function._output_indexes_to_retain or ())
-        self.trace.ops.append(OpRecord(index, type(function).__name__, self._labels[index], inputs, outputs,
-                                       params, retained_in, retained_out, differentiable,
-                                       _scalar_attrs(function) if self.record_attrs else {}))
+
+        record = OpRecord(index, type(function).__name__, self._labels[index], inputs, outputs,
+                          params, retained_in, retained_out, differentiable,
+                          _scalar_attrs(function) if self.record_attrs else {})
+        self.trace.ops.append(record)
+        if retained_in or retained_out:       # for a backward this pass may never run
+            self._watch_node(function, record)
         self.on_forward_resolved(index, function)

@@ -40,17 +40,18 @@ TRACE_SPECS: dict[str, tuple[int, tuple[int, ...]]] = {
     "small-resnet": (2, (3, 32, 32)),
 }
 OPTIMIZER = "momentum_sgd"
-_SIZE = re.compile(r"^\s*\d+(\s*[xX]\s*\d+)*\s*$")
+_SIZE = re.compile(r"^\s*[0-9]+(\s*[xX]\s*[0-9]+)*\s*$")   # ASCII digits only
+MAX_SIZE_PART = 1 << 20                 # a batch or one input dimension
 
 
 def parse_size(text: str) -> tuple[int, ...]:
-    """'3x16x112x112' -> (3, 16, 112, 112); every part a positive integer."""
+    """'3x16x112x112' -> (3, 16, 112, 112); every part an integer in 1..MAX_SIZE_PART."""
     if not isinstance(text, str) or not _SIZE.match(text):
         raise ValueError(f"not a size: {text!r} (expected positive integers joined by 'x', "
                          "e.g. 3x224x224 or 16x112x112)")
     parts = tuple(int(p) for p in re.split(r"\s*[xX]\s*", text.strip()))
-    if any(p <= 0 for p in parts):
-        raise ValueError(f"not a size: {text!r} (every part must be >= 1)")
+    if any(not 1 <= p <= MAX_SIZE_PART for p in parts):
+        raise ValueError(f"not a size: {text!r} (every part must be in 1..{MAX_SIZE_PART})")
     return parts
 
 
@@ -61,8 +62,8 @@ def resolve_input_size(model: str, size: str | tuple[int, ...] | None) -> tuple[
     if size is None:
         return default
     shape = parse_size(size) if isinstance(size, str) else tuple(int(s) for s in size)
-    if any(s <= 0 for s in shape):
-        raise ValueError(f"input size {shape}: every part must be >= 1")
+    if any(not 1 <= s <= MAX_SIZE_PART for s in shape):
+        raise ValueError(f"input size {shape}: every part must be in 1..{MAX_SIZE_PART}")
     if len(shape) == len(default) - 1:
         shape = default[:1] + shape
     if len(shape) != len(default):
@@ -182,8 +183,9 @@ def analytic_profile(model: str, batch: int, input_size: tuple | str | None = No
     input_size, gpu, source='analytic'. ``conv`` picks how convolutions are charged:
     "im2col" (CuPy without cuDNN, what our executor runs) or "cudnn" (the paper's setup).
     """
-    if isinstance(batch, bool) or not isinstance(batch, (int, np.integer)) or batch < 1:
-        raise ValueError(f"batch must be a positive integer, got {batch!r}")
+    if isinstance(batch, bool) or not isinstance(batch, (int, np.integer)) \
+            or not 1 <= batch <= MAX_SIZE_PART:
+        raise ValueError(f"batch must be a positive integer up to {MAX_SIZE_PART}, got {batch!r}")
     size = resolve_input_size(model, input_size)
     get_gpu(gpu), get_link(link), check_conv_impl(conv)   # name errors before the trace
     return profile_from_trace(trace_model(model), int(batch), size, gpu, link, conv)

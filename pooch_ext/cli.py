@@ -1,7 +1,8 @@
 """The ``pooch-ext`` command: profile, classify, simulate.
 
 Each subcommand lives in ``pooch_ext/commands/<name>.py`` with ``register(subparsers)`` and
-``run(args) -> int``. User mistakes (PoochError, ValueError) print one line and exit 2.
+``run(args) -> int``. User mistakes (PoochError, ValueError, and OSError: a file that cannot be
+read or written) print one line and exit 2.
 """
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.run(args) or 0)
-    except (PoochError, ValueError) as error:
+    except (PoochError, ValueError, OSError) as error:
         print(f"pooch-ext {args.command}: error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -140,7 +140,9 @@ def _compile(profile: Profile, link: Link | None) -> SimModel:
     else:
         so_s = np.array([link.swap_out_s(b) for b in nbytes], float)
         si_s = np.array([link.swap_in_s(b) for b in nbytes], float)
-    last_fwd = np.array([max([p] + list(c)) for p, c in zip(fms["producer"], fms["fwd_consumers"])],
+    # a map something else holds past its last forward read can be released only after that
+    last_fwd = np.array([max([p, h] + list(c)) for p, c, h in
+                         zip(fms["producer"], fms["fwd_consumers"], fms["held_until"])],
                         np.int64)
     src_fm = [[index[s] for s in srcs if s in index] for srcs in fms["recompute_sources"]]
     rc_extra = np.array([_chain_extra(profile, list(chain), int(t))
@@ -221,14 +223,19 @@ def lifetimes(model: SimModel, codes: np.ndarray) -> Lifetimes:
 def swap_waits(model: SimModel, life: Lifetimes) -> tuple[dict[int, list[int]],
                                                            dict[int, list[int]]]:
     """Where compute waits for the swap-in of each swapped map, as {boundary: maps}: first
-    where a recompute reads it as a source (the wait comes before the recompute), then
-    where an op needs it itself (after any recompute there)."""
+    where a recompute reads it as a source (the wait comes before the recompute, also where
+    the op there needs the map itself too), then where only an op needs it (after any
+    recompute there)."""
     as_source: dict[int, list[int]] = {}
     as_need: dict[int, list[int]] = {}
     for i in np.flatnonzero(life.codes == SWAP).tolist():
         own = set(model.bwd_need[i])
-        for b in set(life.need[i]):
-            (as_need if b in own else as_source).setdefault(b, []).append(i)
+        needs = life.need[i]
+        for b in set(needs):
+            # lifetimes appends a source need after the map's own needs, repeating b if the
+            # op there needs it too: more than one entry (or one not its own) is a source
+            source = needs.count(b) > (b in own)
+            (as_source if source else as_need).setdefault(b, []).append(i)
     return as_source, as_need
 
 

@@ -334,11 +334,35 @@ def test_5_variables_the_user_holds_read_their_true_data():
 
 # ---------------------------------------------------------------- 6: superneurons
 
-def test_6_every_policy_schedule_the_executor_accepts():
-    for policy in ("superneurons", "vdnn-all", "vdnn-conv", "sqrt-n", "pooch", "swap-opt"):
-        plain, under = compare(branchy(), standard_loop(batches(6)), profile_iters=2,
-                               policy=policy)
-        assert identical(plain, under), policy
+def test_6_a_swapped_source_is_waited_for_before_the_recompute_that_reads_it():
+    """Local response normalisation's backward reads its input and its output; superneurons
+    swaps the input (a convolution's output) and recomputes the output from it, both needed at
+    the same backward op: the swap-in must be waited for before the recompute, not after."""
+    from promise_situations import ConvZoo      # the matrix's convolution zoo
+
+    def build():
+        model = ConvZoo()
+        return [model], [make_optimizer(model)]
+    data = batches(6, batch=4, shape=(3, 8, 8))
+    probe = run(build, standard_loop(data), {"profile_iters": 2, "policy": None})
+    from pooch_ext.policies import get_policy
+    from pooch_ext.schedule_check import validate_schedule
+
+    budget = budget_between(probe.pooch.profile, 0.0)
+    plan = get_policy("superneurons").classify(probe.pooch.profile, budget, None)
+    assert plan.feasible and plan.counts["swap"] and plan.counts["recompute"]
+    assert validate_schedule(probe.pooch.profile, plan.schedule) == []
+    plain, under = compare(build, standard_loop(data), profile_iters=2, policy="superneurons",
+                           budget=budget)
+    assert identical(plain, under) and moved(under) > 0
+    budget = budget_between(probe.pooch.profile, 0.5)
+    for policy in ("vdnn-all", "vdnn-conv", "sqrt-n", "pooch", "swap-opt"):
+        plain, under = compare(build, standard_loop(data), profile_iters=2, policy=policy,
+                               budget=budget)
+        if get_policy(policy).classify(probe.pooch.profile, budget, None).feasible:
+            assert identical(plain, under), policy
+        else:
+            assert refused_cleanly(build, under), policy
 
 
 # ---------------------------------------------------------------- 7: refusal before update
@@ -531,8 +555,9 @@ def test_13_static_graph_models_are_refused_before_any_update():
 # ---------------------------------------------------------------- 14: what Chainer keeps
 
 class Held(chainer.Chain):
-    """Keeps an intermediate in an attribute until the next forward, and runs a forward-only
-    F.max (which retains its input) on the way, like a CRF's argmax."""
+    """Keeps an intermediate (a convolution output no backward needs) in an attribute until the
+    next forward, and keeps the output of a forward-only F.max, whose node retains its input
+    (an intermediate too), like a CRF's argmax path."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -540,12 +565,13 @@ class Held(chainer.Chain):
             self.c1 = L.Convolution2D(3, 8, 3, pad=1)
             self.c2 = L.Convolution2D(8, 8, 3, pad=1)
             self.fc = L.Linear(None, 5)
-        self.kept = None
+        self.kept = self.best = None
 
     def forward(self, x):
-        h = F.relu(self.c1(x))
-        self.kept = F.tanh(h)                       # held by the model beyond its use
-        self.best = F.max(h, axis=1).array.argmax()  # forward-only op retaining its input
+        self.kept = self.c1(x)                      # read only by AddConstant: intermediate
+        h = F.relu(self.kept + 1)
+        scaled = h * 2                              # read only by Max and c2: no retention
+        self.best = F.max(scaled, axis=1)           # never backpropagated; retains scaled
         return self.fc(F.relu(self.c2(h)))
 
 
@@ -557,6 +583,8 @@ def test_14_the_in_core_need_counts_what_chainer_keeps():
     probe = run(build, standard_loop(data), {"profile_iters": 2, "policy": "in-core"})
     assert probe.error is None
     pooch = probe.pooch
+    tensors = pooch.profile.tensors.set_index("tensor")
+    assert (tensors.held_until > 0).sum() >= 2
     measured = pooch.iterations.peak_bytes.iloc[2:].max()
     assert measured <= pooch.profile.incore_peak_bytes
     for fraction in (0.0, 0.5):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from pooch_ext.commands._paths import FILE_HELP, output_file, png_file
 from pooch_ext.links import PRESETS
 from pooch_ext.plan import Plan
 from pooch_ext.profile import Profile
@@ -21,6 +22,14 @@ def add_common(parser: argparse.ArgumentParser) -> None:
                         help="device memory budget, e.g. 16GiB, 500MB, 1e9 (default: the "
                              "profile's device capacity)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def add_figures(parser: argparse.ArgumentParser) -> None:
+    """--schedule and --plot, which both commands write."""
+    parser.add_argument("--schedule", default=None, metavar="CSV", type=output_file,
+                        help="write the schedule of actions the executor replays; " + FILE_HELP)
+    parser.add_argument("--plot", default=None, metavar="PNG", type=png_file,
+                        help="write the timeline figure (a .png file); " + FILE_HELP)
 
 
 def load(args: argparse.Namespace) -> tuple[Profile, int]:

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import argparse
 
-from pooch_ext.commands._planning import add_common, emit, load, summary, write_outputs
+from pooch_ext.commands._paths import FILE_HELP, output_file
+from pooch_ext.commands._planning import add_common, add_figures, emit, load, summary, write_outputs
 from pooch_ext.policies import POLICY_NAMES, get_policy
 
 
@@ -14,11 +15,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "result and optionally write the classification table (CSV).")
     add_common(parser)
     parser.add_argument("--policy", default="pooch", help=f"one of: {', '.join(POLICY_NAMES)}")
-    parser.add_argument("--out", default=None, metavar="CSV",
-                        help="write the classification table here (pooch-ext simulate --plan reads it)")
-    parser.add_argument("--schedule", default=None, metavar="CSV",
-                        help="write the schedule of actions the executor replays")
-    parser.add_argument("--plot", default=None, metavar="PNG", help="write the timeline figure")
+    parser.add_argument("--out", default=None, metavar="CSV", type=output_file,
+                        help="write the classification table here (pooch-ext simulate --plan "
+                             "reads it); " + FILE_HELP)
+    add_figures(parser)
     parser.set_defaults(run=run)
 
 

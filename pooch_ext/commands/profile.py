@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from pooch_ext.commands._paths import output_folder
 from pooch_ext.costmodel import CONV_IMPLS, GPUS
 from pooch_ext.links import PRESETS
 from pooch_ext.models import MODEL_NAMES
@@ -31,8 +32,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--conv", default="im2col", choices=CONV_IMPLS,
                         help="how convolutions are charged: im2col (CuPy without cuDNN, "
                              "default) or cudnn (the paper's setup)")
-    parser.add_argument("--out", default=None, metavar="DIR",
-                        help="folder to write the profile into (profile.json + CSVs)")
+    parser.add_argument("--out", default=None, metavar="DIR", type=output_folder,
+                        help="folder to write the profile into (profile.json + CSVs); created, "
+                             "with any missing parent folders, if it does not exist")
     parser.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     parser.add_argument("--measure", action="store_true",
                         help="measure real training iterations instead: on the CUDA device when "

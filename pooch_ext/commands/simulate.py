@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from pooch_ext.commands._planning import add_common, emit, load, summary, write_outputs
+from pooch_ext.commands._planning import add_common, add_figures, emit, load, summary, write_outputs
 from pooch_ext.plan import Plan
 from pooch_ext.simulator import simulate
 
@@ -16,9 +16,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "profile under the link and budget, print the prediction.")
     add_common(parser)
     parser.add_argument("--plan", required=True, metavar="CSV", help="classification table")
-    parser.add_argument("--plot", default=None, metavar="PNG", help="write the timeline figure")
-    parser.add_argument("--schedule", default=None, metavar="CSV",
-                        help="write the schedule of actions the executor replays")
+    add_figures(parser)
     parser.set_defaults(run=run)
 
 

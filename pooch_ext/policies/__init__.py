@@ -13,7 +13,7 @@ from types import ModuleType
 from pooch_ext.errors import check_name
 
 POLICY_NAMES = ("pooch", "swap-opt", "swap-all", "swap-all-nosched", "in-core", "superneurons",
-                "vdnn-all", "vdnn-conv", "sqrt-n")
+                "vdnn-all", "vdnn-conv", "sqrt-n", "pooch-paper")
 
 
 def get_policy(name: str) -> ModuleType:

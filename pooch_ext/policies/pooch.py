@@ -10,7 +10,8 @@ and all-swap, where step 1 itself starts. On slow links the paper's steps start 
 good plan (ResNet-50 on an H100 at 8 GB/s: 0.28 of in-core speed, recomputation alone 0.79),
 and a search that only refined them, with a limit it used up, was not monotone in the link's
 speed. Memory left over is then filled with keeps where that costs no predicted time.
-``refine=False`` gives the paper's algorithm alone (the benchmarks report both).
+``refine=False`` gives the paper's algorithm alone, the policy "pooch-paper" (the benchmarks
+report both).
 """
 from __future__ import annotations
 
@@ -28,8 +29,9 @@ from pooch_ext.simulator import tightest_codes
 
 def classify(profile: Profile, budget: int | str | None = None, link: Link | str | None = None,
              refine: bool = True, stats: SearchStats | None = None) -> Plan:
-    """The PoocH plan; ``stats`` (optional) receives the search's counters."""
-    ctx = Context(profile, budget, link, "pooch")
+    """The PoocH plan ("pooch-paper" without the refinement); ``stats`` (optional) receives
+    the search's counters."""
+    ctx = Context(profile, budget, link, "pooch" if refine else "pooch-paper")
     stats = stats if stats is not None else SearchStats()
     kept, _ = keep_swap(ctx.model, ctx.budget, stats=stats)
     codes, _ = recompute_step(ctx.model, kept, ctx.budget, stats=stats)

@@ -1,0 +1,120 @@
+"""What a new user types wrong on the command line gets one line and exit 2, before any work:
+output paths, input sizes; and every policy and link name the README offers is accepted."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from pooch_ext.cli import build_parser, main
+from pooch_ext.simulator import minimum_budget
+from pooch_ext.synthetic import random_profile
+
+README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    profile = random_profile(6, n_layers=6)
+    path = tmp_path_factory.mktemp("cli") / "profile"
+    profile.save(path)
+    return str(path), (minimum_budget(profile) + profile.incore_peak_bytes) // 2
+
+
+def exit_code(argv: list[str]) -> int:
+    try:
+        return main(argv)
+    except SystemExit as done:   # argparse's own errors
+        return done.code
+
+
+def one_line_error(capsys, argv: list[str]) -> str:
+    code = exit_code(argv)
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    return err
+
+
+def unwritable_folder(tmp_path: Path) -> Path:
+    """A folder this process cannot create files in (root ignores permission bits)."""
+    folder = tmp_path / "read-only"
+    folder.mkdir()
+    folder.chmod(0o555)
+    for candidate in (folder, Path("/sys"), Path("/proc")):
+        try:
+            (candidate / "pooch-ext-probe").write_text("")
+        except OSError:
+            return candidate
+        (candidate / "pooch-ext-probe").unlink()
+    pytest.skip("no unwritable folder here")
+
+
+@pytest.mark.parametrize("command, option, target, message", [
+    ("classify", "--out", "folder", "is a folder, not a file name"),
+    ("classify", "--out", "missing/plan.csv", "folder '{tmp}/missing' does not exist"),
+    ("classify", "--schedule", "file/schedule.csv", "folder '{tmp}/file' is a file"),
+    ("classify", "--plot", "timeline.svg", "must end in .png"),
+    ("simulate", "--plot", "folder/", "is a folder, not a file name"),
+    ("profile", "--out", "file", "is a file, not a folder"),
+    ("profile", "--out", "file/profile", "cannot create '{tmp}/file/profile'"),
+])
+def test_output_paths_that_cannot_be_written(saved, tmp_path, capsys, command, option, target,
+                                             message):
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "file").write_text("a file")
+    argv = {"classify": ["classify", saved[0]],
+            "simulate": ["simulate", saved[0], "--plan", str(tmp_path / "file")],
+            "profile": ["profile", "--model", "small-resnet", "--batch", "2"]}[command]
+    err = one_line_error(capsys, argv + [option, str(tmp_path / target)])
+    assert f"argument {option}: " in err and message.format(tmp=tmp_path) in err
+    assert not (tmp_path / "missing").exists()   # no folder made where the help does not say so
+
+
+def test_unwritable_places(saved, tmp_path, capsys):
+    folder = unwritable_folder(tmp_path)
+    err = one_line_error(capsys, ["classify", saved[0], "--out", str(folder / "plan.csv")])
+    assert f"cannot write '{folder}/plan.csv'" in err
+    err = one_line_error(capsys, ["profile", "--model", "small-resnet", "--batch", "2",
+                                  "--out", str(folder / "new" / "profile")])
+    assert "cannot write" in err
+
+
+def test_folders_are_made_where_the_help_says_and_files_replaced(saved, tmp_path, capsys):
+    help_text = " ".join(build_parser()._subparsers._group_actions[0].choices["profile"]
+                         .format_help().split())
+    assert "created, with any missing parent folders" in help_text
+    deep = tmp_path / "a" / "b" / "profile"
+    assert main(["profile", "--model", "small-resnet", "--batch", "2", "--out", str(deep)]) == 0
+    assert (deep / "profile.json").is_file()
+    plan = tmp_path / "plan.csv"
+    plan.write_text("old")
+    assert main(["classify", saved[0], "--out", str(plan), "--budget", str(saved[1])]) == 0
+    assert plan.read_text().startswith("tensor,")
+    capsys.readouterr()
+
+
+def readme_names(pattern: str) -> list[str]:
+    """The `names` in the README passage ``pattern`` matches (its first group)."""
+    return re.findall(r"`([a-z0-9-]+)`", re.search(pattern, README, re.S).group(1))
+
+
+def test_every_policy_and_link_name_the_readme_offers_is_accepted(saved, capsys):
+    policies = readme_names(r"`policy` is one of (.*?)\(or your own") + readme_names(r"(`pooch-paper`)")
+    links = readme_names(r"for a link \((.*?)\)") + re.findall(r"--link ([a-z0-9-]+)", README)
+    assert "pooch-paper" in policies and {"pcie3", "nvlink2", "c2c"} <= set(links)
+    for policy in dict.fromkeys(policies):
+        assert exit_code(["classify", saved[0], "--policy", policy, "--budget", str(saved[1]),
+                          "--json"]) in (0, 1), policy   # 1: the plan does not fit (in-core)
+    for link in dict.fromkeys(links):
+        assert exit_code(["classify", saved[0], "--policy", "swap-all", "--link", link,
+                          "--budget", str(saved[1]), "--json"]) == 0, link
+    capsys.readouterr()
+
+
+@pytest.mark.parametrize("size", ["３x32x32", "3x99999999999999999999x32", "3x2000000x32",
+                                  "3 x", "x32x32", "3x32x32x", "3*32*32", "0x32x32"])
+def test_malformed_input_sizes(capsys, size):
+    err = one_line_error(capsys, ["profile", "--model", "small-resnet", "--batch", "2",
+                                  "--input-size", size])
+    assert "not a size" in err
