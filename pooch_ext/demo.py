@@ -46,6 +46,8 @@ def teacher_batches(n: int, batch: int, shape: tuple[int, ...], n_classes: int, 
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
+    from pooch_ext.commands._paths import output_folder
+
     parser = argparse.ArgumentParser(prog="python -m pooch_ext.demo",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="small-resnet")
@@ -58,7 +60,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--link", default="pcie3", help="host-simulated link (CPU only)")
     parser.add_argument("--cpu", action="store_true", help="use the host-simulated device even "
                                                            "where a GPU is present")
-    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--out", type=output_folder, default=OUT,
+                        help="folder for the results (default results/demo); created, with any "
+                             "missing parent folders, if it does not exist")
     args = parser.parse_args(argv)
     if args.profile_iters < 1 or args.iters < args.profile_iters + 2:
         # the first planned iteration also classifies: speeds are medians of the ones after it

@@ -118,3 +118,13 @@ def test_malformed_input_sizes(capsys, size):
     err = one_line_error(capsys, ["profile", "--model", "small-resnet", "--batch", "2",
                                   "--input-size", size])
     assert "not a size" in err
+
+
+def test_demo_out_is_checked_before_training(tmp_path, capsys):
+    from pooch_ext.demo import _parse
+
+    (tmp_path / "file").write_text("a file")
+    with pytest.raises(SystemExit) as done:
+        _parse(["--out", str(tmp_path / "file")])
+    assert done.value.code == 2 and "is a file, not a folder" in capsys.readouterr().err
+    assert _parse(["--out", str(tmp_path / "new" / "demo")]).out == tmp_path / "new" / "demo"
