@@ -23,7 +23,7 @@ demo: $(STAMP)
 	$(BIN)/python -m pooch_ext.demo
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2
 
 experiments: $(STAMP)
 	$(BIN)/python experiments/run_all.py

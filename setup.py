@@ -51,6 +51,8 @@ setup(
     # hooks/ lives at the top level of the repository (it is the part that touches
     # Chainer and CuPy at run time) but installs as pooch_ext.hooks.
     package_dir={"pooch_ext.hooks": "hooks"},
+    # the CPU device's counting NumPy allocator, compiled on first use (hooks/cpu_memory.py)
+    package_data={"pooch_ext.hooks": ["cpu_memory.c"]},
     install_requires=[
         "chainer==7.8.1",
         "numpy>=1.26",
@@ -60,7 +62,8 @@ setup(
         "scipy>=1.10",
     ],
     extras_require={
-        "test": ["pytest>=7"],
+        # pytest-xdist: the suite runs on both cores (make test -n 2), half the wall time
+        "test": ["pytest>=7", "pytest-xdist>=3"],
         "cuda12": ["cupy-cuda12x>=13"],
         "cuda13": ["cupy-cuda13x>=14"],
     },

@@ -1,4 +1,4 @@
-"""Devices the executor drives: a real CuPy GPU, and a host-simulated one for machines without.
+"""Devices the executor drives: a real CuPy GPU, and the CPU device for machines without.
 
 Both offer the same small interface, so hooks/executor.py has one code path:
 
@@ -7,26 +7,23 @@ Both offer the same small interface, so hooks/executor.py has one code path:
   device copy be dropped); ``swap_in(t) -> array`` allocates a device array and starts the
   host -> device copy; ``wait_swap_in(t)`` makes compute wait for it; ``discard(t)`` gives the
   host buffer back.
-* ``track(array)`` / ``check(where)`` / ``used_bytes()`` / ``peak`` (since ``reset_peak()``):
-  memory accounting. The CuPy pool accounts for itself (``MemoryPool.set_limit`` enforces the
-  budget); the host simulation counts the bytes of the arrays the graph holds (each underlying
-  buffer once, freed when Python frees it) plus the resident bytes, and raises
-  ``DeviceOutOfMemoryError`` over its budget.
-* ``timer()`` times compute (CUDA events on the GPU, the wall clock on the host).
+* ``note_resident(model)`` / ``track(array)`` / ``check(where)`` / ``used_bytes()`` / ``peak``
+  (since ``reset_peak()``): memory accounting. The CuPy pool accounts for itself
+  (``MemoryPool.set_limit`` enforces the budget); the CPU device (hooks/cpu_device.py)
+  measures NumPy's allocations and raises ``DeviceOutOfMemoryError`` over its budget.
+* ``timer()`` times compute (CUDA events on the GPU, the wall clock on the CPU).
 
-The host simulation moves real NumPy arrays to a separate host store, so every executor
-mechanism runs (and is tested) on a CPU; its copy times come from a link preset.
-
-On the GPU a swapped map comes back with the very strides it left with: a convolution's
-output is a transposed view (Chainer's im2col path ends in ``rollaxis``) that fills one dense
-block, so its bytes are copied as they lie and the view is rebuilt around the new block. No
-relayout copy is made (it would cost memory and time the plan does not know about), and every
-later kernel sees the layout it would have seen in plain Chainer. Only maps that are not one
-dense block (strided slices) are made contiguous first (``CupyDevice.relayouts`` counts them).
+A swapped map comes back with the very strides it left with: a convolution's output is a
+transposed view (Chainer's im2col path ends in ``rollaxis``) that fills one dense block, so
+its bytes are copied as they lie and the view is rebuilt around the new block. No relayout
+copy is made (it would cost memory and time the plan does not know about), and every later
+kernel sees the layout it would have seen in plain Chainer (a C-contiguous copy changes the
+rounding of later reductions). On the GPU only maps that are not one dense block (strided
+slices) are made contiguous first (``CupyDevice.relayouts`` counts them).
 
 Link emulation (hooks/linkemu.py): ``CupyDevice(throttle="pcie3")`` stretches every copy to
-the preset's time on the GPU's copy streams; ``HostSimDevice(link=..., throttle=...)`` is its
-host-simulated analogue (each copy takes the longer of the two links' times).
+the preset's time on the GPU's copy streams; the CPU device's copy engines take at least their
+link's time (``CpuDevice(link=..., throttle=...)``: the longer of the two links' times).
 """
 from __future__ import annotations
 
@@ -78,15 +75,6 @@ def base_of(array: Any) -> Any:
     return array
 
 
-def same_layout_copy(array: np.ndarray) -> np.ndarray:
-    """A copy with the axis order (and, for a dense block such as a convolution's transposed
-    output, the very strides) of ``array``: a C-contiguous copy would change how later
-    kernels traverse it, and with that their rounding (bit-identity)."""
-    copy_ = np.empty_like(array, order="K")
-    np.copyto(copy_, array)
-    return copy_
-
-
 def _layout(array: Any) -> str:
     flags = array.flags
     return "F" if flags.f_contiguous and not flags.c_contiguous else "C"
@@ -121,131 +109,6 @@ class WallTimer:
 
     def seconds(self) -> float:
         return self.end_t - self.start_t
-
-
-class HostSimDevice:
-    """A device simulated on the host: NumPy arrays, accounted bytes, a link model for copies.
-
-    "Device memory" is the resident bytes (parameters, gradients, optimizer state: set by the
-    caller) plus every array registered with ``track`` that Python still holds; a buffer shared
-    by views counts once. ``budget=None`` means no limit.
-    """
-
-    kind = "host-sim"
-
-    def __init__(self, budget: int | None = None, link: Link | str = "pcie3",
-                 throttle: Link | str | None = None) -> None:
-        self.native = get_link(link)
-        self.throttle = None if throttle is None else get_link(throttle)
-        # what profiles made here plan with: the native link, or the one it is throttled to
-        self.link = self.native if throttle is None else emulated_link(self.native, throttle)
-        self.name = "host-sim"
-        self.budget = None if budget is None else int(budget)
-        self.enforce = True
-        self.resident = 0
-        self.used = 0
-        self.peak = 0
-        self.host_bytes = 0
-        self._live: dict[int, int] = {}
-        # (kind, bytes, tensor, key): the same events a CuPy memory hook reports
-        self.listener: Callable[[str, int, int, int], None] | None = None
-
-    # ------------------------------------------------------------ setup
-    @property
-    def xp(self) -> Any:
-        """The array module of this device's arrays (NumPy)."""
-        return np
-
-    def capacity_bytes(self) -> int:
-        return UNLIMITED if self.budget is None else self.budget
-
-    def set_budget(self, budget: int | None) -> None:
-        self.budget = None if budget is None else int(budget)
-
-    def restore(self) -> None:
-        """Undo global settings (none on the host)."""
-
-    # ------------------------------------------------------------ accounting
-    def track(self, array: Any, tensor: int = -1) -> None:
-        """Count ``array``'s buffer as device memory until Python frees it."""
-        if array is None:
-            return
-        base = base_of(array)
-        key = id(base)
-        if key in self._live:
-            return
-        nbytes = int(base.nbytes)
-        self._live[key] = nbytes
-        self.used += nbytes
-        weakref.finalize(base, self._freed, key, nbytes, tensor)
-        if self.listener is not None:
-            self.listener("malloc", nbytes, tensor, key)
-
-    def _freed(self, key: int, nbytes: int, tensor: int) -> None:
-        if self._live.pop(key, None) is not None:
-            self.used -= nbytes
-            if self.listener is not None:
-                self.listener("free", nbytes, tensor, key)
-
-    def used_bytes(self) -> int:
-        return self.resident + self.used
-
-    def reset_peak(self) -> None:
-        self.peak = self.used_bytes()
-
-    def check(self, where: str = "", index: int | None = None, function: Any = None) -> None:
-        """Record the peak; over the budget (when enforced) raise DeviceOutOfMemoryError naming
-        ``where`` (e.g. "forward op", 12, the function node)."""
-        total = self.used_bytes()
-        if total > self.peak:
-            self.peak = total
-        if self.enforce and self.budget is not None and total > self.budget:
-            if index is not None:
-                where = f"{where} {index}" + (f" ({type(function).__name__})" if function else "")
-            raise DeviceOutOfMemoryError(
-                f"host-simulated device out of memory{' at ' + where if where else ''}: "
-                f"{format_bytes(total)} held ({total} bytes) > budget {format_bytes(self.budget)}")
-
-    # ------------------------------------------------------------ copies
-    def swap_out(self, array: Any, timed: bool = False) -> Transfer:
-        host = same_layout_copy(array)
-        self.host_bytes += host.nbytes
-        return Transfer(int(array.nbytes), tuple(array.shape), array.dtype, _layout(array), host,
-                        out_s=self._copy_s("d2h", array.nbytes), strides=tuple(array.strides))
-
-    def finish_swap_out(self, transfer: Transfer) -> None:
-        transfer.source = None
-
-    def swap_in(self, transfer: Transfer, timed: bool = False) -> Any:
-        if transfer.host is None:
-            raise PoochError("swap-in of a map whose host copy was discarded")
-        transfer.in_s = self._copy_s("h2d", transfer.nbytes)
-        return same_layout_copy(transfer.host)
-
-    def wait_swap_in(self, transfer: Transfer) -> None:
-        """Copies on the host are done when they return."""
-
-    def discard(self, transfer: Transfer) -> None:
-        if transfer.host is not None:
-            self.host_bytes -= transfer.host.nbytes
-            transfer.host = None
-
-    def transfer_seconds(self, transfer: Transfer) -> tuple[float | None, float | None]:
-        return transfer.out_s, transfer.in_s
-
-    def _copy_s(self, direction: str, nbytes: int) -> float:
-        """The link model's copy time, stretched to the throttle's link when one is set."""
-        native = copy_s(self.native, direction, nbytes)
-        if self.throttle is None:
-            return native
-        return stretched_s(native, copy_s(self.throttle, direction, nbytes))
-
-    # ------------------------------------------------------------ timing
-    def timer(self) -> WallTimer:
-        return WallTimer()
-
-    def synchronize(self) -> None:
-        """Nothing runs asynchronously on the host."""
 
 
 # ---------------------------------------------------------------------------------- CuPy
@@ -368,6 +231,10 @@ class CupyDevice:
             self._old_limit = None
 
     # ------------------------------------------------------------ accounting
+    def note_resident(self, model: Any) -> None:
+        """Resident bytes, for reports (the pool counts them with everything else)."""
+        self.resident = resident_bytes(model)
+
     def track(self, array: Any, tensor: int = -1) -> None:
         """The pool accounts for every allocation itself."""
 
@@ -536,17 +403,24 @@ def persistent_values(model: Any) -> Iterator[tuple[str, Any, str, Any]]:
             yield path, link, name, link.__dict__[name]
 
 
-def model_arrays(model: Any) -> set[int]:
-    """ids of the buffers a model owns (parameters, gradients, persistent state)."""
-    ids = set()
+def model_arrays_with(model: Any) -> Iterator[Any]:
+    """Every array a model owns: parameters, gradients, persistent state, optimizer state."""
     for param in model.params():
         for array in (param.array, grad_of(param)):
             if array is not None:
-                ids.add(id(base_of(array)))
+                yield array
+        rule = getattr(param, "update_rule", None)
+        for value in (getattr(rule, "_state", None) or {}).values():
+            if is_array(value):
+                yield value
     for _, _, _, value in persistent_values(model):
         if is_array(value):
-            ids.add(id(base_of(value)))
-    return ids
+            yield value
+
+
+def model_arrays(model: Any) -> set[int]:
+    """ids of the buffers a model owns (parameters, gradients, persistent and optimizer state)."""
+    return {id(base_of(array)) for array in model_arrays_with(model)}
 
 
 def host_copy(array: Any) -> Any:
@@ -592,8 +466,11 @@ def array_is_on_gpu(array: Any) -> bool:
 
 
 def device_for(model: Any, budget: int | None = None,
-               link: Link | str | None = None) -> CupyDevice | HostSimDevice:
-    """The device a model lives on: CupyDevice on a GPU (``model.to_gpu()``), else host-sim."""
+               link: Link | str | None = None) -> Any:
+    """The device a model lives on: CupyDevice on a GPU (``model.to_gpu()``), else the CPU
+    device (hooks/cpu_device.py)."""
+    from pooch_ext.hooks.cpu_device import CpuDevice
+
     xp = getattr(getattr(model, "device", None), "xp", np)
     on_gpu = getattr(xp, "__name__", "") == "cupy" or any(
         array_is_on_gpu(p.array) for p in model.params() if p.array is not None)
@@ -601,4 +478,12 @@ def device_for(model: Any, budget: int | None = None,
         device = CupyDevice(link)
         device.budget = None if budget is None else int(budget)
         return device
-    return HostSimDevice(budget, "pcie3" if link is None else link)
+    return CpuDevice(budget, "pcie3" if link is None else link)
+
+
+def __getattr__(name: str) -> Any:
+    """``HostSimDevice`` (the CPU device's former name) and ``CpuDevice`` from here too."""
+    if name in ("CpuDevice", "HostSimDevice"):
+        from pooch_ext.hooks.cpu_device import CpuDevice
+        return CpuDevice
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

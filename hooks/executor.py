@@ -32,7 +32,7 @@ from typing import Any, Callable
 import pandas as pd
 
 from pooch_ext.errors import PoochError
-from pooch_ext.hooks.device import Transfer, base_of, resident_bytes
+from pooch_ext.hooks.device import Transfer, base_of
 from pooch_ext.hooks.graph import _TAG, GraphRecorder, GraphTrace
 from pooch_ext.hooks.recompute import recompute
 from pooch_ext.profile import Profile
@@ -495,10 +495,9 @@ class Executor(GraphRecorder):
         self._candidates = []
         self._after_op = []
         self._next_boundary = 0
-        if self.model is not None and self.device.kind == "host-sim" and (
-                self.iteration < 4 or self.iteration % 64 == 0):
+        if self.model is not None and (self.iteration < 4 or self.iteration % 64 == 0):
             # gradients count from the start; optimizer state appears at the first update
-            self.device.resident = resident_bytes(self.model)
+            self.device.note_resident(self.model)
         self.device.reset_peak()
         self.stats.started = time.perf_counter()
 
@@ -636,6 +635,7 @@ class Executor(GraphRecorder):
                 slot.state = "host" if slot.transfer is not None else "freed"
         self._after_op = []
         self._run_until(index + 1)
+        self.device.check("backward op", index, function)
         self.stats.finished = time.perf_counter()
 
     def on_revisit_begin(self, fwd_index: int, function: Any) -> None:
@@ -645,8 +645,7 @@ class Executor(GraphRecorder):
         self._after_op = []
 
     def on_new_link(self, link: Any) -> None:
-        if self.device.kind == "host-sim":
-            self.device.resident = resident_bytes(self.model)
+        self.device.note_resident(self.model)
         if self.link_added is not None:
             self.link_added(link)
 

@@ -108,12 +108,21 @@ class Profiler(Executor):
         timer = self.device.timer()
         self.log.op = window
         self._timing = (window, timer)
+        counter = getattr(self.device, "counter", None)
+        if counter is not None:
+            self._window_live = counter.live()
+            counter.reset_window()
         timer.start()
         return timer
 
     def _stop(self) -> None:
         if self._timing is not None:
             self._timing[1].stop()
+            counter = getattr(self.device, "counter", None)
+            if counter is not None:   # what the op allocated and freed again inside itself
+                scratch = counter.window() - max(self._window_live, counter.live())
+                window = self._timing[0]
+                self._scratch[window] = max(self._scratch.get(window, 0), scratch)
             self._timing = None
             self.log.op = -1
 
@@ -122,6 +131,7 @@ class Profiler(Executor):
         self._fwd_timers = {}
         self._bwd_timers = {}
         self._saved = {}
+        self._scratch: dict[int, int] = {}    # op window -> measured scratch bytes
         if self.measuring:
             self._model_ids = model_arrays(self.model) if self.model is not None else set()
 
@@ -178,6 +188,7 @@ class Profiler(Executor):
         """A leading forward-only pass left the iteration: its measurements go with it."""
         super().on_compact(n_ops, n_tensors)
         self._fwd_timers = {k - n_ops: v for k, v in self._fwd_timers.items() if k >= n_ops}
+        self._scratch = {k - n_ops: v for k, v in self._scratch.items() if k >= n_ops}
         self._saved = {k - n_ops: v for k, v in self._saved.items() if k >= n_ops}
         self.log.events = [(seq, op - n_ops if op >= 0 else op, kind, nbytes,
                             tensor - n_tensors if tensor >= 0 else tensor, key)
@@ -199,7 +210,8 @@ class Profiler(Executor):
         sample.forward_s = {k: t.seconds() for k, t in self._fwd_timers.items()}
         sample.backward_s = {k: t.seconds() for k, (_, t) in self._bwd_timers.items()}
         sample.saved_bytes = dict(self._saved)
-        sample.scratch = scratch_bytes(self.log.events)
+        sample.scratch = (dict(self._scratch) if getattr(self.device, "counter", None) is not None
+                          else scratch_bytes(self.log.events))
         for tensor, transfer in self.stats.transfers:
             out_s, in_s = self.device.transfer_seconds(transfer)
             if out_s is not None:

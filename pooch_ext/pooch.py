@@ -42,7 +42,7 @@ import pooch_ext  # noqa: F401  (chainer import compat)
 import chainer
 
 from pooch_ext.errors import BudgetTooSmallError, PoochError
-from pooch_ext.hooks.device import (UNLIMITED, HostSimDevice, device_for, grad_of, host_copy,
+from pooch_ext.hooks.device import (UNLIMITED, device_for, grad_of, host_copy,
                                     persistent_values, resident_bytes)
 from pooch_ext.hooks.executor import ExecutorError, Program, compile_program
 from pooch_ext.hooks.graph import GraphTrace
@@ -145,7 +145,7 @@ class PoocH:
         self.runtime.catalog = self._programs
         self.runtime.on_unsupported_run = self._unsupported
         self.runtime.on_switch = self._switched
-        if isinstance(self.device, HostSimDevice):
+        if self.device.kind == "cpu":
             self.device.enforce = False      # the first iteration runs on demand, unplanned
 
     def _programs(self) -> list[Program]:
@@ -327,7 +327,7 @@ class PoocH:
             self.policy, "__name__", "custom")
 
     def _apply_budget(self) -> None:
-        if isinstance(self.device, HostSimDevice):
+        if self.device.kind == "cpu":
             self.device.set_budget(None if self.budget_bytes >= UNLIMITED else self.budget_bytes)
             self.device.enforce = True
         elif not self._budget_applied and self.budget_request is not None:
@@ -339,9 +339,9 @@ class PoocH:
         trace = samples[-1].trace
         link = self.link if isinstance(self.link, Link) else None
         if link is None:
-            link = (self.device.link if isinstance(self.device, HostSimDevice)
+            link = (self.device.link if self.device.kind == "cpu"
                     else fit_link(samples[1:] or samples) or get_link("pcie3"))
-        measured = not isinstance(self.device, HostSimDevice) and self.link == "auto"
+        measured = self.link == "auto"     # copy times as the copy engines took them
         batch = next((t.shape[0] for t in trace.tensors if t.producer < 0 and t.shape), None)
         meta = {"model": self.models.name, "batch": batch,
                 "device_kind": self.device.kind}

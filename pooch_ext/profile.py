@@ -235,7 +235,7 @@ class Device:
 
     name: str
     capacity_bytes: int
-    kind: str = "analytic"  # "analytic" | "cuda" | "host-sim"
+    kind: str = "analytic"  # "analytic" | "cuda" | "cpu" ("host-sim" in older profiles)
 
     def __post_init__(self) -> None:
         capacity = self.capacity_bytes

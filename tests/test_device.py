@@ -48,7 +48,7 @@ def test_budget_is_enforced_with_a_clear_error_and_no_budget_means_no_limit():
     assert unlimited.capacity_bytes() == UNLIMITED and HostSimDevice(budget=5).capacity_bytes() == 5
 
 
-def test_swap_round_trip_keeps_values_and_layout_and_times_come_from_the_link():
+def test_swap_round_trip_keeps_values_and_layout_and_takes_at_least_the_links_time():
     link = get_link("pcie3")
     device = HostSimDevice(link=link)
     source = np.asfortranarray(np.arange(24, dtype=np.float32).reshape(2, 3, 4))
@@ -58,7 +58,8 @@ def test_swap_round_trip_keeps_values_and_layout_and_times_come_from_the_link():
     back = device.swap_in(transfer)
     device.wait_swap_in(transfer)
     assert np.array_equal(back, source) and back.flags.f_contiguous and back is not source
-    assert device.transfer_seconds(transfer) == (link.swap_out_s(96), link.swap_in_s(96))
+    out_s, in_s = device.transfer_seconds(transfer)      # at least the link's time, measured
+    assert out_s >= link.swap_out_s(96) and in_s >= link.swap_in_s(96)
     device.discard(transfer)
     assert device.host_bytes == 0 and transfer.host is None
     with pytest.raises(Exception, match="discarded"):

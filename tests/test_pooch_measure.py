@@ -15,7 +15,7 @@ def test_measure_writes_a_loadable_measured_profile(tmp_path, capsys):
     assert summary["source"] == "measured" and summary["capacity_bytes"] == 4 * 2**20
     profile = Profile.load(out)
     assert profile.meta["model"] == "small-resnet" and profile.meta["batch"] == 2
-    assert profile.meta["input_size"] == [3, 32, 32] and profile.device.kind == "host-sim"
+    assert profile.meta["input_size"] == [3, 32, 32] and profile.device.kind == "cpu"
     assert len(profile.feature_maps) > 0 and (profile.ops.duration_s > 0).all()
 
 

@@ -35,7 +35,7 @@ def test_measured_profile_is_the_real_graph_with_measured_times(profiled):
     profile = pooch.profile
     assert profile.validate() == []
     assert profile.meta["source"] == "measured" and profile.meta["measured_iterations"] == [1, 2]
-    assert profile.device.kind == "host-sim" and profile.meta["batch"] == 4
+    assert profile.device.kind == "cpu" and profile.meta["batch"] == 4
     np.random.seed(0)
     with GraphRecorder(BranchyNet()) as recorder:
         train(recorder.model, make_optimizer(recorder.model), synthetic_batches(1, 4, (3, 16, 16), 5))
@@ -60,12 +60,14 @@ def test_kept_bytes_are_measured_from_the_function_nodes(profiled):
     assert int(other[other.op == pool].bytes.sum()) > 0                     # argmax indexes
 
 
-def test_host_simulated_swap_times_come_from_its_link_and_the_profile_round_trips(profiled, tmp_path):
+def test_cpu_swap_times_are_the_copy_engines_and_the_profile_round_trips(profiled, tmp_path):
     profile = profiled[0].profile
     link = get_link("pcie3")
     assert profile.link == link
     fms = profile.feature_maps
-    assert np.allclose(fms.swap_out_s, [link.swap_out_s(b) for b in fms.bytes])
+    # measured on the copy engines: never faster than the emulated link
+    assert (fms.swap_out_s >= [link.swap_out_s(b) for b in fms.bytes]).all()
+    assert (fms.swap_in_s >= [link.swap_in_s(b) for b in fms.bytes]).all()
     assert Profile.load(profile.save(tmp_path / "p")) == profile
 
 

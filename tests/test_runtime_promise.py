@@ -145,8 +145,11 @@ def test_1_swapped_maps_come_back_with_their_strides():
     view = base.transpose(0, 3, 1, 2)                  # what a CPU convolution returns
     device = HostSimDevice()
     transfer = device.swap_out(view)
+    device.finish_swap_out(transfer)
     back = device.swap_in(transfer)
+    device.wait_swap_in(transfer)
     assert back.strides == view.strides and np.array_equal(back, view)
+    device.restore()
 
     def build():
         model = ConvMix()
