@@ -224,6 +224,11 @@ class CpuDevice:
                 self.counter.use(False)
 
     # ------------------------------------------------------------ accounting
+    def host_side(self) -> Any:
+        """A block whose arrays are the host's, not the device's (PoocH's own planning data,
+        snapshots): the allocator does not count them."""
+        return uncounted()
+
     def note_resident(self, model: Any) -> None:
         """Parameters, gradients (present or to come) and optimizer state: counted by formula,
         and those arrays the allocator counted are taken out of its count."""

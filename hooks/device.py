@@ -27,6 +27,7 @@ link's time (``CpuDevice(link=..., throttle=...)``: the longer of the two links'
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import ctypes
 import time
@@ -231,6 +232,10 @@ class CupyDevice:
             self._old_limit = None
 
     # ------------------------------------------------------------ accounting
+    def host_side(self) -> Any:
+        """A block whose arrays are the host's (NumPy arrays never touch the CuPy pool)."""
+        return contextlib.nullcontext()
+
     def note_resident(self, model: Any) -> None:
         """Resident bytes, for reports (the pool counts them with everything else)."""
         self.resident = resident_bytes(model)

@@ -107,11 +107,12 @@ class PoocH:
             self.device = device_for(self.models, self.budget_request, link)
         self.budget_bytes = (self.budget_request if self.budget_request is not None
                              else self.device.capacity_bytes())
-        self._snapshot = ModelSnapshot(self.models)
+        with self.device.host_side():
+            self._snapshot = ModelSnapshot(self.models)
         self.runtime = Profiler(self.models, self.device, on_deviation=self._deviated,
                                 iteration_done=self._iteration_done,
                                 backward_done=self._backward_done,
-                                link_added=self._snapshot.add)
+                                link_added=self._link_added)
         self.runtime.__enter__()
         _ACTIVE.append(self)
         self._gate_updates()
@@ -220,10 +221,18 @@ class PoocH:
             self._say(f"cannot plan an iteration: {reason}; such iterations run as plain "
                       "Chainer does (no budget)")
 
+    def _link_added(self, link: chainer.Link) -> None:
+        with self.device.host_side():
+            self._snapshot.add(link)
+
     def _backward_done(self, trace: GraphTrace) -> None:
         """End of the first backward pass: refuse what cannot work, before any update."""
         if not self._in_refusal_window():
             return
+        with self.device.host_side():       # planning data is the host's, not the device's
+            self._refuse_if_impossible(trace)
+
+    def _refuse_if_impossible(self, trace: GraphTrace) -> None:
         if trace.unsupported:
             return                          # refused before the first update
         try:
@@ -245,7 +254,8 @@ class PoocH:
         if self._closing:
             return
         try:
-            self._advance(trace)
+            with self.device.host_side():
+                self._advance(trace)
         except BaseException:
             self._closing = True
             self.runtime.abandon()
