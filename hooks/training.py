@@ -145,10 +145,12 @@ def hooks_out(runtime: Any) -> Iterator[None]:
     meanwhile is plain Chainer, unobserved."""
     functions, links = chainer.get_function_hooks(), chainer._get_link_hooks()
     saved = functions.pop(runtime.name), links.pop(runtime._link_names.name)
+    paused, runtime.paused = runtime.paused, True       # its backward passes are not ours
     try:
         yield
     finally:
         functions[runtime.name], links[runtime._link_names.name] = saved
+        runtime.paused = paused
 
 
 class _RandomStreams:
