@@ -173,6 +173,7 @@ class Executor(GraphRecorder):
         self.catalog: Callable[[], list[Program]] = lambda: []   # programs to switch to
         self.on_switch: Callable[[Program], None] | None = None
         self.passive = False        # this iteration runs as plain Chainer: nothing is dropped
+        self._enforce_after = False  # the device's budget is off for this iteration only
         self._in_data: tuple = ()
         self.timed_transfers = False
         self.history: list[IterationStats] = []
@@ -420,6 +421,7 @@ class Executor(GraphRecorder):
             return
         self.deviation = reason
         self.stats.deviation = reason
+        self._unbudgeted()
         for op in self.trace.ops:     # from now on, anything retained may go once unreferenced
             self._candidates.extend(self._retained(op))
         self._candidates = list(dict.fromkeys(self._candidates))
@@ -467,7 +469,16 @@ class Executor(GraphRecorder):
     def _go_passive(self) -> None:
         if not self.passive:
             self.passive = True
+            self._unbudgeted()
             self._restore_all()
+
+    def _unbudgeted(self) -> None:
+        """The rest of the iteration runs without a plan: no budget was planned for it, so the
+        device records its peak but does not stop training over it (a refusal after updates
+        would break the promise; the iteration's stats show the peak)."""
+        if getattr(self.device, "enforce", False):
+            self.device.enforce = False
+            self._enforce_after = True
 
     # ------------------------------------------------------------ GraphRecorder hooks
     def forward_preprocess(self, function: Any, in_data: tuple) -> None:
@@ -483,6 +494,8 @@ class Executor(GraphRecorder):
             self._pending_in_data = in_data
 
     def on_iteration_start(self) -> None:
+        if self._enforce_after:
+            self.device.enforce, self._enforce_after = True, False
         if self._queued is not None:
             self.program, self._queued = self._queued[0], None
         self.stats = IterationStats(self.iteration, self.program.label if self.program else "")

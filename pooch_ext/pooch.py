@@ -279,15 +279,15 @@ class PoocH:
                 del self._graphs[oldest]
         graph.last_seen = self._trained
         sample = self.runtime.last_sample
-        if graph.program is None and sample is not None and sample.trace is trace:
+        if not graph.planned and sample is not None and sample.trace is trace:
             graph.samples.append(sample)
             self._plan_graph(graph, trace)
         self.runtime.use(graph.program or graph.provisional)
         # the graph coming next is measured while it has no plan; a graph without one met
         # before (and not at the start of an iteration, where measuring can begin on the fly)
         # keeps every iteration measured for a while, so its next run is measured whole
-        if graph.program is None or any(
-                g.program is None and not g.found_at_start and
+        if not graph.planned or any(
+                not g.planned and not g.found_at_start and
                 g.last_seen > self._trained - RECENT for g in self._graphs.values()):
             self.runtime.start_measuring()
         else:
@@ -299,21 +299,15 @@ class PoocH:
         updates were made leaves the swap-all program running (it ran at this budget)."""
         if len(graph.samples) < self.profile_iters:
             if graph.provisional is None:
-                provisional = self._build_profile(graph.samples)
-                try:
-                    plan = self._classify(provisional, "swap-all")
-                except BudgetTooSmallError as error:
-                    self._say(f"this graph cannot be profiled within the budget ({error}); it "
-                              "runs on demand")
-                    return
-                graph.provisional = compile_program(trace, provisional, plan.schedule, "profile")
+                graph.provisional = self._swap_all_program(
+                    self._build_profile(graph.samples), trace)
                 self._apply_budget()
             return
         profile = self._build_profile(graph.samples)
+        graph.planned = True
         if self.policy is None:
             graph.profile = self.profile = profile
-            graph.program = graph.provisional or compile_program(
-                trace, profile, self._classify(profile, "in-core").schedule, "in-core")
+            graph.program = graph.provisional or self._swap_all_program(profile, trace)
             self._apply_budget()
             return
         try:
@@ -321,7 +315,7 @@ class PoocH:
             program = compile_program(trace, profile, plan.schedule, plan.policy)
         except (BudgetTooSmallError, ExecutorError) as error:
             if graph.provisional is None:
-                raise
+                graph.provisional = self._swap_all_program(profile, trace)
             self._say(f"the {self._policy_name()} plan cannot run ({error}); going on with "
                       "the swap-all plan the profiling ran")
             graph.program = graph.provisional
@@ -331,6 +325,16 @@ class PoocH:
         self.profile, self.plan, self.program = profile, plan, program
         self._apply_budget()
         self._say(self.decision())
+
+    def _swap_all_program(self, profile: Profile, trace: GraphTrace) -> Program | None:
+        """The swap-all program profiling runs, or None (the graph then runs on demand) when
+        even swap-all cannot fit: said once, never raised (updates may have been made)."""
+        try:
+            plan = self._classify(profile, "swap-all")
+        except BudgetTooSmallError as error:
+            self._say(f"this graph cannot run within the budget ({error}); it runs unplanned")
+            return None
+        return compile_program(trace, profile, plan.schedule, "profile")
 
     def _policy_name(self) -> str:
         return self.policy if isinstance(self.policy, str) else getattr(
@@ -481,6 +485,7 @@ class _Graph:
     provisional: Program | None = None   # the swap-all program the profiling runs
     last_seen: int = 0
     found_at_start: bool = False         # first met at an iteration's first op
+    planned: bool = False                # its profile is complete and its plan decided
 
 
 class UnsupportedLoopError(PoochError):
