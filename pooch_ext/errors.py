@@ -41,5 +41,20 @@ class BudgetTooSmallError(PoochError):
         )
 
 
+class HostBudgetTooSmallError(BudgetTooSmallError):
+    """No plan within the device budget keeps its swapped maps within the host budget;
+    ``budget_bytes`` is the host budget, ``minimum_bytes`` the least host memory a plan
+    needs at ``device_budget_bytes``."""
+
+    def __init__(self, host_budget_bytes: int, minimum_bytes: int, device_budget_bytes: int,
+                 what: str = "") -> None:
+        super().__init__(host_budget_bytes, minimum_bytes, what)
+        self.device_budget_bytes = int(device_budget_bytes)
+        where = f" for {what}" if what else ""
+        self.args = (f"host budget {format_bytes(host_budget_bytes)} is below the least host "
+                     f"memory a plan within the device budget {format_bytes(device_budget_bytes)} "
+                     f"needs{where}: {format_bytes(minimum_bytes)} ({minimum_bytes} bytes)",)
+
+
 class GraphChangedError(PoochError):
     """The training graph differs from the profiled one (ops or shapes); a plan cannot apply."""

@@ -63,6 +63,8 @@ class Plan:
     iteration_time_s: float = float("nan")
     peak_bytes: int = 0
     budget_bytes: int = 0
+    host_peak_bytes: int = 0              # host bytes the swapped maps hold at once
+    host_budget_bytes: int | None = None  # None: unlimited host memory
     link: str = ""
     classify_seconds: float = 0.0
     timeline: object = None   # the simulator's Timeline for this plan, when simulated

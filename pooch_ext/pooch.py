@@ -31,6 +31,7 @@ long.
 from __future__ import annotations
 
 import logging
+import math
 import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -52,7 +53,7 @@ from pooch_ext.links import Link, get_link
 from pooch_ext.plan import Plan
 from pooch_ext.policies import get_policy
 from pooch_ext.profile import Device, Profile
-from pooch_ext.simulator import minimum_budget
+from pooch_ext.simulator import minimum_budget, resolve_host_budget
 from pooch_ext.units import format_bytes, parse_bytes
 
 log = logging.getLogger("pooch_ext")
@@ -67,7 +68,7 @@ class PoocH:
     def __init__(self, model: chainer.Link | Sequence[chainer.Link], profile_iters: int = 3,
                  budget: int | str | None = None, link: str | Link = "auto",
                  policy: str | Callable | None = "pooch", device: Any = None,
-                 verbose: bool = True) -> None:
+                 verbose: bool = True, host_budget: int | str | None = None) -> None:
         if int(profile_iters) < 1:
             raise ValueError(f"profile_iters must be >= 1, got {profile_iters}")
         if isinstance(policy, str):
@@ -76,6 +77,7 @@ class PoocH:
         self.model = model
         self.profile_iters = int(profile_iters)
         self.budget_request = None if budget is None else parse_bytes(budget)
+        self.host_budget = resolve_host_budget(host_budget)   # math.inf: unlimited
         self.link = link if isinstance(link, Link) or link == "auto" else get_link(link)
         self.policy = policy
         self.verbose = verbose
@@ -248,7 +250,8 @@ class PoocH:
         floor = minimum_budget(profile)
         if self.budget_bytes < floor:
             raise BudgetTooSmallError(self.budget_bytes, floor, profile.meta.get("model", ""))
-        self._classify(profile, self.policy if self.policy is not None else "swap-all")
+        self._classify(profile, self.policy if self.policy is not None else "swap-all",
+                       self.host_budget if self.policy is not None else math.inf)
 
     def _iteration_done(self, trace: GraphTrace) -> None:
         if self._closing:
@@ -311,7 +314,7 @@ class PoocH:
             self._apply_budget()
             return
         try:
-            plan = self._classify(profile, self.policy)
+            plan = self._classify(profile, self.policy, self.host_budget)
             program = compile_program(trace, profile, plan.schedule, plan.policy)
         except (BudgetTooSmallError, ExecutorError) as error:
             if graph.provisional is None:
@@ -363,10 +366,14 @@ class PoocH:
         return build_profile(samples, device, link, resident_bytes(self.models), meta,
                              measured_swaps=measured)
 
-    def _classify(self, profile: Profile, policy: str | Callable) -> Plan:
-        """``policy``: a policy name, or any ``classify(profile, budget, link) -> Plan``."""
+    def _classify(self, profile: Profile, policy: str | Callable,
+                  host_budget: float = math.inf) -> Plan:
+        """``policy``: a policy name, or any ``classify(profile, budget, link) -> Plan`` (also
+        given ``host_budget=`` when one is set: it binds the policy's plan, not the swap-all
+        plan profiling runs, which swaps every map by design)."""
         classify = get_policy(policy).classify if isinstance(policy, str) else policy
-        plan = classify(profile, self.budget_bytes, None)
+        host = {} if math.isinf(host_budget) else {"host_budget": host_budget}
+        plan = classify(profile, self.budget_bytes, None, **host)
         if not plan.feasible:
             raise PolicyDoesNotFitError(self.budget_bytes, plan, minimum_budget(profile))
         return plan

@@ -263,6 +263,27 @@ def static_top(model: SimModel, life: Lifetimes, minimal: bool) -> tuple[np.ndar
     return level, level + np.maximum(model.peak_inc, extra)
 
 
+def host_level(model: SimModel, codes: np.ndarray) -> np.ndarray:
+    """(n+1,) host bytes held by swapped maps at each boundary, after its actions.
+
+    The host memory rule, the executor's (hooks/executor.py): a swapped map's host copy is
+    taken when its swap-out starts (the boundary after its producer) and kept until the
+    iteration ends (``_free`` keeps it, ``on_iteration_end`` discards it), because a later
+    backward pass over the same graph may need the map again. A swap-in does not give it back.
+    """
+    swapped = codes == SWAP
+    added = np.bincount(model.producer[swapped] + 1, weights=model.nbytes[swapped],
+                        minlength=model.n + 1)
+    return np.cumsum(added.astype(np.int64))
+
+
+def host_peak(model: SimModel, codes: np.ndarray) -> int:
+    """The highest ``host_level``: host copies are only added until the iteration ends, so
+    the level peaks at its end, at every swapped map's bytes (summed directly: the search
+    asks this of every simulation)."""
+    return int(model.nbytes[codes == SWAP].sum())
+
+
 def codes_of(model: SimModel, classes: dict[int, str]) -> np.ndarray:
     """Class codes per feature map; maps a plan leaves out are kept. Bad input raises ValueError."""
     codes = np.zeros(model.m, np.int64)

@@ -13,8 +13,9 @@ _UNITS = {
 _PATTERN = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
 
 
-def parse_bytes(text: str | int | float) -> int:
-    """Parse '16GiB', '16 GB', '1.5e9', 2**30 into a positive byte count."""
+def parse_bytes(text: str | int | float, allow_zero: bool = False) -> int:
+    """Parse '16GiB', '16 GB', '1.5e9', 2**30 into a positive byte count (``allow_zero``: or
+    0, for a host budget, where none at all means "never swap")."""
     if isinstance(text, (int, float)) and not isinstance(text, bool):
         value, unit = float(text), ""
     else:
@@ -28,8 +29,8 @@ def parse_bytes(text: str | int | float) -> int:
     if not math.isfinite(scaled):
         raise ValueError(f"byte size must be a finite number: {text!r}")
     result = int(round(scaled))
-    if result <= 0:
-        raise ValueError(f"byte size must be positive: {text!r}")
+    if result < 0 or (result == 0 and not allow_zero):
+        raise ValueError(f"byte size must be {'>= 0' if allow_zero else 'positive'}: {text!r}")
     return result
 
 

@@ -9,7 +9,8 @@ from pooch_ext.commands._paths import FILE_HELP, output_file, png_file
 from pooch_ext.links import PRESETS
 from pooch_ext.plan import Plan
 from pooch_ext.profile import Profile
-from pooch_ext.simulator import minimum_budget, require_budget
+from pooch_ext.simulator import (minimum_budget, minimum_host_budget, require_budget,
+                                 require_host_budget)
 from pooch_ext.units import format_bytes
 
 
@@ -21,6 +22,9 @@ def add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--budget", default=None,
                         help="device memory budget, e.g. 16GiB, 500MB, 1e9 (default: the "
                              "profile's device capacity)")
+    parser.add_argument("--host-budget", default=None,
+                        help="host memory the swapped maps may hold at once, e.g. 64GiB, 0 "
+                             "(default: unlimited)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -32,10 +36,12 @@ def add_figures(parser: argparse.ArgumentParser) -> None:
                         help="write the timeline figure (a .png file); " + FILE_HELP)
 
 
-def load(args: argparse.Namespace) -> tuple[Profile, int]:
-    """The profile and the budget in bytes; a budget below the minimum raises with it."""
+def load(args: argparse.Namespace) -> tuple[Profile, int, float]:
+    """The profile, the budget and the host budget in bytes (math.inf: unlimited); either
+    below its minimum raises with it."""
     profile = Profile.load(args.profile_dir)
-    return profile, require_budget(profile, args.budget)
+    budget = require_budget(profile, args.budget)
+    return profile, budget, require_host_budget(profile, budget, args.host_budget)
 
 
 def summary(profile: Profile, plan: Plan) -> dict:
@@ -50,6 +56,10 @@ def summary(profile: Profile, plan: Plan) -> dict:
         "incore_time_s": float(profile.ops.duration_s.sum()),
         "peak_bytes": int(plan.peak_bytes),
         "minimum_budget_bytes": int(minimum_budget(profile)),
+        "host_peak_bytes": int(plan.host_peak_bytes),
+        "host_budget_bytes": plan.host_budget_bytes,      # None: unlimited
+        "minimum_host_budget_bytes": None if plan.host_budget_bytes is None else
+        int(minimum_host_budget(profile, plan.budget_bytes)),
         "incore_peak_bytes": int(profile.incore_peak_bytes),
         "counts": plan.counts,
         "swap_in_timing": plan.swap_in_timing,
@@ -85,8 +95,17 @@ def emit(info: dict, as_json: bool, extra_lines: list[str] = ()) -> None:
     print(f"iteration        {info['iteration_time_s'] * 1e3:.2f} ms  (in-core "
           f"{info['incore_time_s'] * 1e3:.2f} ms, stalls {info['stall_s'] * 1e3:.2f} ms)")
     print(f"peak memory      {format_bytes(info['peak_bytes'])} ({info['peak_bytes']} bytes)")
+    print(f"host memory      {format_bytes(info['host_peak_bytes'])} ({info['host_peak_bytes']} "
+          f"bytes) swapped at once; {_host_budget_text(info)}")
     print(f"feature maps     keep {counts['keep']}, swap {counts['swap']}, "
           f"recompute {counts['recompute']}")
     print(f"classified in    {info['classify_seconds']:.2f} s")
     for line in extra_lines:
         print(line)
+
+
+def _host_budget_text(info: dict) -> str:
+    if info["host_budget_bytes"] is None:
+        return "no host budget"
+    return (f"host budget {format_bytes(info['host_budget_bytes'])} (minimum "
+            f"{format_bytes(info['minimum_host_budget_bytes'])})")

@@ -24,8 +24,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     policy = get_policy(args.policy)
-    profile, budget = load(args)
-    plan = policy.classify(profile, budget, args.link)
+    profile, budget, host_budget = load(args)
+    plan = policy.classify(profile, budget, args.link, host_budget=host_budget)
     lines = [f"table            {plan.to_csv(args.out)}"] if args.out else []
     lines += write_outputs(args, plan)
     emit(summary(profile, plan), args.json, lines)

@@ -13,7 +13,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
         "simulate", help="simulate a classification table on a profile",
         description="Read a plan written by 'pooch-ext classify --out', simulate it on the "
-                    "profile under the link and budget, print the prediction.")
+                    "profile under the link and budgets, print the prediction.")
     add_common(parser)
     parser.add_argument("--plan", required=True, metavar="CSV", help="classification table")
     add_figures(parser)
@@ -21,10 +21,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    profile, budget = load(args)
+    profile, budget, host_budget = load(args)
     plan = Plan.read_csv(args.plan)
     started = time.perf_counter()
-    simulate(profile, plan, args.link, budget)
+    simulate(profile, plan, args.link, budget, host_budget)
     info = summary(profile, plan)   # classify_seconds: 0, a plan read from a file
     info["simulate_seconds"] = time.perf_counter() - started
     emit(info, args.json, write_outputs(args, plan))

@@ -1,9 +1,13 @@
-"""Classification policies: each module has ``classify(profile, budget, link) -> Plan``.
+"""Classification policies: each module has ``classify(profile, budget, link, host_budget=None)
+-> Plan``.
 
 ``budget`` is bytes (int or a string such as "16GiB"; None: the device capacity), ``link`` a
-Link or preset name (None: the profile's own swap times). A policy whose classes cannot fit
-returns a plan with ``feasible=False`` and the reason, never one that overflows; a budget below
-``simulator.minimum_budget`` raises BudgetTooSmallError carrying that minimum.
+Link or preset name (None: the profile's own swap times), ``host_budget`` the host memory the
+swapped maps may hold at once (the same forms, 0 allowed; None: unlimited). A policy whose
+classes cannot fit returns a plan with ``feasible=False`` and the reason, never one that
+overflows; a budget below ``simulator.minimum_budget`` raises BudgetTooSmallError carrying that
+minimum, a host budget below ``simulator.minimum_host_budget`` HostBudgetTooSmallError
+(common.Context refuses both, for every policy).
 """
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ POLICY_NAMES = ("pooch", "swap-opt", "swap-all", "swap-all-nosched", "in-core", 
 
 
 def get_policy(name: str) -> ModuleType:
-    """The policy module called ``name``; it has ``classify(profile, budget, link) -> Plan``."""
+    """The policy module called ``name``; it has ``classify(profile, budget, link,
+    host_budget=None) -> Plan``."""
     check_name(name, POLICY_NAMES, "policy")
     return importlib.import_module(f"pooch_ext.policies.{name.replace('-', '_')}")

@@ -10,19 +10,22 @@ from pooch_ext.links import Link, get_link
 from pooch_ext.plan import Plan
 from pooch_ext.profile import Profile
 from pooch_ext.simmodel import NAME, SimModel, compile_profile
-from pooch_ext.simulator import require_budget, simulate
+from pooch_ext.simulator import require_budget, require_host_budget, simulate
 
 
 class Context:
-    """A policy's inputs, resolved once: the model on the link, the budget in bytes, a clock."""
+    """A policy's inputs, resolved once: the model on the link, the budgets in bytes (the
+    host budget math.inf when unlimited), a clock. Budgets no plan can meet are refused here
+    (BudgetTooSmallError, HostBudgetTooSmallError), for every policy alike."""
 
     def __init__(self, profile: Profile, budget: int | str | None, link: Link | str | None,
-                 policy: str) -> None:
+                 policy: str, host_budget: int | str | None = None) -> None:
         self.started = time.perf_counter()
         self.profile = profile
         self.policy = policy
         self.link = None if link is None else get_link(link)
         self.budget = require_budget(profile, budget, policy)
+        self.host_budget = require_host_budget(profile, self.budget, host_budget, policy)
         self.model: SimModel = compile_profile(profile, self.link)
 
     def plan(self, codes: np.ndarray, timing: str = "early", reason: str = "",
@@ -33,6 +36,6 @@ class Context:
         plan = Plan(self.policy, classes, swap_in_timing=timing, reason=reason)
         if r:   # simulate's plan_table keeps the r values it finds in plan.table
             plan.table = pd.DataFrame({"tensor": list(r), "r": list(r.values())})
-        simulate(self.profile, plan, self.link, self.budget)
+        simulate(self.profile, plan, self.link, self.budget, self.host_budget)
         plan.classify_seconds = time.perf_counter() - self.started
         return plan

@@ -11,8 +11,8 @@ from pooch_ext.simmodel import KEEP
 
 
 def classify(profile: Profile, budget: int | str | None = None,
-             link: Link | str | None = None) -> Plan:
-    ctx = Context(profile, budget, link, "in-core")
+             link: Link | str | None = None, host_budget: int | str | None = None) -> Plan:
+    ctx = Context(profile, budget, link, "in-core", host_budget)
     plan = ctx.plan(np.full(ctx.model.m, KEEP))
     if not plan.feasible:
         plan.reason = (f"in-core needs {plan.peak_bytes} bytes, the budget is {ctx.budget}")

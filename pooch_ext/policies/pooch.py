@@ -12,6 +12,11 @@ and a search that only refined them, with a limit it used up, was not monotone i
 speed. Memory left over is then filled with keeps where that costs no predicted time.
 ``refine=False`` gives the paper's algorithm alone, the policy "pooch-paper" (the benchmarks
 report both).
+
+Under a host budget every step counts a plan beyond it as infeasible, and the refinement
+gets one more seed: the least-swapping plan (simulator.least_swap_codes), which meets every
+host budget from ``minimum_host_budget`` on, so a feasible plan is found wherever the
+budgets are not refused. The paper's steps alone have no such seed and may end infeasible.
 """
 from __future__ import annotations
 
@@ -24,16 +29,18 @@ from pooch_ext.policies.search import (SearchStats, fill_keeps, keep_swap, multi
                                        recompute_step)
 from pooch_ext.policies.sqrt_n import best_checkpoints
 from pooch_ext.profile import Profile
-from pooch_ext.simulator import tightest_codes
+from pooch_ext.simulator import least_swap_codes, tightest_codes
 
 
 def classify(profile: Profile, budget: int | str | None = None, link: Link | str | None = None,
-             refine: bool = True, stats: SearchStats | None = None) -> Plan:
+             refine: bool = True, stats: SearchStats | None = None,
+             host_budget: int | str | None = None) -> Plan:
     """The PoocH plan ("pooch-paper" without the refinement); ``stats`` (optional) receives
     the search's counters."""
-    ctx = Context(profile, budget, link, "pooch" if refine else "pooch-paper")
+    ctx = Context(profile, budget, link, "pooch" if refine else "pooch-paper", host_budget)
+    host = ctx.host_budget
     stats = stats if stats is not None else SearchStats()
-    kept, _ = keep_swap(ctx.model, ctx.budget, stats=stats)
+    kept, _ = keep_swap(ctx.model, ctx.budget, stats=stats, host_budget=host)
     codes, _ = recompute_step(ctx.model, kept, ctx.budget, stats=stats)
     if refine:
         # sparse spacings only rebuild more: the fastest that fits is dense (2..5 on the
@@ -41,7 +48,9 @@ def classify(profile: Profile, budget: int | str | None = None, link: Link | str
         spacing = 2 * round(math.sqrt(ctx.model.m)) + 1
         seeds = {"paper steps": codes, "keep/swap step": kept,
                  "checkpoints": best_checkpoints(ctx.model, ctx.budget, spacing),
-                 "all swap": tightest_codes(ctx.model)}
-        codes, _ = multi_start(ctx.model, seeds, ctx.budget, stats=stats)
-        codes, _ = fill_keeps(ctx.model, codes, ctx.budget, stats=stats)
+                 "all swap": tightest_codes(ctx.model),
+                 "least swap": (None if math.isinf(host)
+                                else least_swap_codes(ctx.model, ctx.budget))}
+        codes, _ = multi_start(ctx.model, seeds, ctx.budget, stats=stats, host_budget=host)
+        codes, _ = fill_keeps(ctx.model, codes, ctx.budget, stats=stats, host_budget=host)
     return ctx.plan(codes, "early", r=stats.r)

@@ -10,6 +10,7 @@ from pooch_ext.profile import Profile
 
 
 def classify(profile: Profile, budget: int | str | None = None, link: Link | str | None = None,
-             stats: SearchStats | None = None) -> Plan:
+             stats: SearchStats | None = None, host_budget: int | str | None = None) -> Plan:
     """The paper's PoocH plan; ``stats`` (optional) receives the search's counters."""
-    return pooch.classify(profile, budget, link, refine=False, stats=stats)
+    return pooch.classify(profile, budget, link, refine=False, stats=stats,
+                          host_budget=host_budget)

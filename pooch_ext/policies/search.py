@@ -13,6 +13,11 @@ feasible leaf wins.
 Step 2, recompute (4.4.3): r(X) = recompute overhead / swap overhead with the other classes
 fixed and the budget ignored; drop every X with r >= 1, move the smallest r < 1 that still
 fits to recompute, repeat.
+
+A host budget (``host_budget``, math.inf: none) is a constraint of every budgeted
+simulation: a plan whose swapped maps exceed it counts as infeasible, so the searches keep
+the fastest plan that meets both budgets. Moves from swap to keep or recompute only lower
+host memory; they are checked against the device budget alone.
 """
 from __future__ import annotations
 
@@ -49,10 +54,12 @@ class SearchStats:
 
 
 class _Evaluator:
-    """Simulations with memoization; counts them."""
+    """Simulations with memoization; counts them. ``budgeted=False`` drops both budgets."""
 
-    def __init__(self, model: SimModel, budget: int, stats: SearchStats) -> None:
+    def __init__(self, model: SimModel, budget: int, stats: SearchStats,
+                 host_budget: float = math.inf) -> None:
         self.model, self.budget, self.stats = model, budget, stats
+        self.host_budget = host_budget
         self._cache: dict[tuple[bytes, bool], object] = {}
 
     def run(self, codes: np.ndarray, budgeted: bool = True):
@@ -60,7 +67,8 @@ class _Evaluator:
         hit = self._cache.get(key)
         if hit is None:
             self.stats.simulations += 1
-            hit = run(self.model, codes, "early", self.budget if budgeted else math.inf)
+            hit = (run(self.model, codes, "early", self.budget, host_budget=self.host_budget)
+                   if budgeted else run(self.model, codes, "early", math.inf))
             self._cache[key] = hit
         return hit
 
@@ -95,12 +103,13 @@ class _KeepRoom:
 
 
 def keep_swap(model: SimModel, budget: int, max_depth: int = 8,
-              stats: SearchStats | None = None) -> tuple[np.ndarray, SearchStats]:
+              stats: SearchStats | None = None,
+              host_budget: float = math.inf) -> tuple[np.ndarray, SearchStats]:
     """Step 1: the keep / swap classification, starting from all-swap
     (simulator.tightest_codes: where a map may not be swapped, recompute or keep)."""
     started = time.perf_counter()
     stats = stats or SearchStats()
-    ev = _Evaluator(model, budget, stats)
+    ev = _Evaluator(model, budget, stats, host_budget)
     base = tightest_codes(model)
     first = ev.run(base)
     swappable = {i for i in range(model.m) if base[i] == SWAP and model.can[i, 0]}
@@ -204,8 +213,8 @@ def refine_budget(model: SimModel) -> int:
 
 
 def refine(model: SimModel, codes: np.ndarray, budget: int, max_simulations: int | None = None,
-           stats: SearchStats | None = None,
-           evaluator: _Evaluator | None = None) -> tuple[np.ndarray, SearchStats]:
+           stats: SearchStats | None = None, evaluator: _Evaluator | None = None,
+           host_budget: float = math.inf) -> tuple[np.ndarray, SearchStats]:
     """Step 3 (ours, not the paper's): local search on the budgeted time.
 
     The two paper steps decide keep before recompute exists, so memory can end up holding
@@ -219,11 +228,11 @@ def refine(model: SimModel, codes: np.ndarray, budget: int, max_simulations: int
     First improvement, and the scan goes on after the improving move instead of starting
     over, so simulations go to moves not yet tried since the last change. Ends when the
     widest phase finds nothing or ``max_simulations`` (default ``refine_budget``) new
-    simulations are spent.
+    simulations are spent. A given ``evaluator`` brings its own host budget.
     """
     started = time.perf_counter()
     stats = stats or SearchStats()
-    ev = evaluator or _Evaluator(model, budget, stats)
+    ev = evaluator or _Evaluator(model, budget, stats, host_budget)
     limit = refine_budget(model) if max_simulations is None else max_simulations
     first_simulation = ev.stats.simulations
     best_time = ev.time(codes)
@@ -244,7 +253,7 @@ def refine(model: SimModel, codes: np.ndarray, budget: int, max_simulations: int
                 break
             trial = _apply(model, codes, slots[pos], budget)
             pos, since = (pos + 1) % len(slots), since + 1
-            if trial is None or not fits(model, trial, budget):
+            if trial is None or not fits(model, trial, budget, ev.host_budget):
                 continue
             t = ev.time(trial)
             if t < best_time * (1 - 1e-9):
@@ -311,8 +320,8 @@ def _apply(model: SimModel, codes: np.ndarray, move: tuple, budget: int) -> np.n
 
 
 def multi_start(model: SimModel, seeds: dict[str, np.ndarray | None], budget: int,
-                max_simulations: int | None = None,
-                stats: SearchStats | None = None) -> tuple[np.ndarray, SearchStats]:
+                max_simulations: int | None = None, stats: SearchStats | None = None,
+                host_budget: float = math.inf) -> tuple[np.ndarray, SearchStats]:
     """Refine several starting plans; the fastest result wins.
 
     A local search ends in the local optimum of the basin it starts in, and which basin the
@@ -326,7 +335,7 @@ def multi_start(model: SimModel, seeds: dict[str, np.ndarray | None], budget: in
     refinement says much more.
     """
     stats = stats or SearchStats()
-    ev = _Evaluator(model, budget, stats)
+    ev = _Evaluator(model, budget, stats, host_budget)
     limit = refine_budget(model) if max_simulations is None else max_simulations
     ready = {name: codes for name, codes in seeds.items() if codes is not None}
     stats.seed_times = {name: ev.time(codes) for name, codes in ready.items()}
@@ -359,13 +368,14 @@ def _refill(model: SimModel, codes: np.ndarray, budget: int, exclude: set[int]) 
 
 
 def fill_keeps(model: SimModel, codes: np.ndarray, budget: int,
-               stats: SearchStats | None = None) -> tuple[np.ndarray, SearchStats]:
+               stats: SearchStats | None = None,
+               host_budget: float = math.inf) -> tuple[np.ndarray, SearchStats]:
     """Spend memory the plan leaves free: switch maps to keep, output side first, wherever it
     fits and the predicted iteration is no slower (fewer transfers and rebuilds to go wrong
     when the real link or ops are slower than profiled)."""
     started = time.perf_counter()
     stats = stats or SearchStats()
-    ev = _Evaluator(model, budget, stats)
+    ev = _Evaluator(model, budget, stats, host_budget)
     current = ev.time(codes)
     for i in np.argsort(-model.tensor):
         if codes[i] == KEEP or not model.can[i, KEEP]:

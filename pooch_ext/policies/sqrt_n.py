@@ -15,17 +15,8 @@ from pooch_ext.links import Link
 from pooch_ext.plan import Plan
 from pooch_ext.policies.common import Context
 from pooch_ext.profile import Profile
-from pooch_ext.simmodel import KEEP, RECOMPUTE, SimModel
-from pooch_ext.simulator import fits, run
-
-
-def checkpoint_codes(model: SimModel, spacing: int) -> np.ndarray:
-    """Keep every ``spacing``-th map counted from the input side, recompute the others."""
-    codes = np.full(model.m, KEEP)
-    for i in range(model.m):
-        if (i + 1) % spacing and model.can[i, RECOMPUTE]:
-            codes[i] = RECOMPUTE
-    return codes
+from pooch_ext.simmodel import SimModel
+from pooch_ext.simulator import checkpoint_codes, fits, run
 
 
 def best_checkpoints(model: SimModel, budget: int,
@@ -46,8 +37,8 @@ def best_checkpoints(model: SimModel, budget: int,
 
 
 def classify(profile: Profile, budget: int | str | None = None,
-             link: Link | str | None = None) -> Plan:
-    ctx = Context(profile, budget, link, "sqrt-n")
+             link: Link | str | None = None, host_budget: int | str | None = None) -> Plan:
+    ctx = Context(profile, budget, link, "sqrt-n", host_budget)
     model = ctx.model
     best = best_checkpoints(model, ctx.budget)
     if best is None:

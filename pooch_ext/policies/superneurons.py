@@ -25,8 +25,8 @@ TIMING = "previous-conv"
 
 
 def classify(profile: Profile, budget: int | str | None = None,
-             link: Link | str | None = None) -> Plan:
-    ctx = Context(profile, budget, link, "superneurons")
+             link: Link | str | None = None, host_budget: int | str | None = None) -> Plan:
+    ctx = Context(profile, budget, link, "superneurons", host_budget)
     model = ctx.model
     codes = np.full(model.m, SWAP)
     for i, p in enumerate(model.producer):      # ascending ids: sources are decided first

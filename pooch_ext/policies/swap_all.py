@@ -11,6 +11,6 @@ TIMING = "early"
 
 
 def classify(profile: Profile, budget: int | str | None = None,
-             link: Link | str | None = None) -> Plan:
-    ctx = Context(profile, budget, link, "swap-all")
+             link: Link | str | None = None, host_budget: int | str | None = None) -> Plan:
+    ctx = Context(profile, budget, link, "swap-all", host_budget)
     return ctx.plan(tightest_codes(ctx.model), TIMING)

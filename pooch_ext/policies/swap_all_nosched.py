@@ -9,6 +9,6 @@ from pooch_ext.simulator import tightest_codes
 
 
 def classify(profile: Profile, budget: int | str | None = None,
-             link: Link | str | None = None) -> Plan:
-    ctx = Context(profile, budget, link, "swap-all-nosched")
+             link: Link | str | None = None, host_budget: int | str | None = None) -> Plan:
+    ctx = Context(profile, budget, link, "swap-all-nosched", host_budget)
     return ctx.plan(tightest_codes(ctx.model), "previous-op")

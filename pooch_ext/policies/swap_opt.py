@@ -9,7 +9,7 @@ from pooch_ext.profile import Profile
 
 
 def classify(profile: Profile, budget: int | str | None = None,
-             link: Link | str | None = None) -> Plan:
-    ctx = Context(profile, budget, link, "swap-opt")
-    codes, _ = keep_swap(ctx.model, ctx.budget)
+             link: Link | str | None = None, host_budget: int | str | None = None) -> Plan:
+    ctx = Context(profile, budget, link, "swap-opt", host_budget)
+    codes, _ = keep_swap(ctx.model, ctx.budget, host_budget=ctx.host_budget)
     return ctx.plan(codes, "early")

@@ -8,5 +8,6 @@ from pooch_ext.profile import Profile
 
 
 def classify(profile: Profile, budget: int | str | None = None,
-             link: Link | str | None = None) -> Plan:
-    return classify_vdnn(profile, budget, link, "vdnn-all", conv_only=False)
+             link: Link | str | None = None, host_budget: int | str | None = None) -> Plan:
+    return classify_vdnn(profile, budget, link, "vdnn-all", conv_only=False,
+                         host_budget=host_budget)

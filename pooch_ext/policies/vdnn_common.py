@@ -19,9 +19,9 @@ TIMING = "vdnn"
 
 
 def classify_vdnn(profile: Profile, budget: int | str | None, link: Link | str | None,
-                  name: str, conv_only: bool) -> Plan:
+                  name: str, conv_only: bool, host_budget: int | str | None = None) -> Plan:
     """The vDNN plan called ``name``: offload the inputs of every layer, or of convolutions."""
-    ctx = Context(profile, budget, link, name)
+    ctx = Context(profile, budget, link, name, host_budget)
     model = ctx.model
     consumers = dict(zip(profile.tensors["tensor"], profile.tensors["fwd_consumers"]))
     codes = np.full(model.m, KEEP)
@@ -31,6 +31,6 @@ def classify_vdnn(profile: Profile, budget: int | str | None, link: Link | str |
         if offload and model.can[i, SWAP]:
             codes[i] = SWAP
     plan = ctx.plan(codes, TIMING)
-    if not plan.feasible:
+    if plan.peak_bytes > ctx.budget:      # not a host budget's refusal: that says so itself
         plan.reason = f"{name} keeps too much for the budget: {plan.reason}"
     return plan
