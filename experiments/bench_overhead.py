@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
 
     base = frame[(frame.phase == "plain") & (frame.iteration > 0)]
     print(f"{args.model}, batch {args.batch}, "
-          f"{'GPU' if args.gpu else 'CPU, host-simulated device, BLAS threads ' + args.threads}; "
+          f"{'GPU' if args.gpu else 'CPU, CPU device, BLAS threads ' + args.threads}; "
           f"{args.iters} planned iterations interleaved with plain ones")
     print(f"{'phase':<24}{'n':>4}{'wall ms':>10}{'x plain':>9}{'cpu ms':>10}{'x plain':>9}")
     ratios = {}

@@ -1,7 +1,7 @@
 """Device malloc/free events in program order, attributed to the op that was running.
 
 On a GPU a CuPy ``MemoryHook`` reports every allocation the default pool hands out and takes
-back (the paper hooks Chainer's allocator the same way); the host-simulated device reports the
+back (the paper hooks Chainer's allocator the same way); the CPU device reports the
 same events from its accounting. The profiler sets ``log.op`` while an op runs (-1 between
 ops), so what an op allocated and freed inside its own window, its scratch, can be measured:
 ``scratch_bytes`` is the profile's ``transient_bytes``.

@@ -46,11 +46,11 @@ from pooch_ext.hooks.linkemu import CopyThrottle, copy_s, emulated_link, stretch
 from pooch_ext.links import Link, get_link
 from pooch_ext.units import format_bytes
 
-UNLIMITED = 1 << 50   # capacity reported by a host-simulated device without a budget
+UNLIMITED = 1 << 50   # capacity reported by the CPU device without a budget
 
 
 class DeviceOutOfMemoryError(PoochError, MemoryError):
-    """The (host-simulated) device would hold more bytes than its budget."""
+    """The device (the CPU device, measured or accounted) would hold more bytes than its budget."""
 
 
 @dataclass
@@ -63,7 +63,7 @@ class Transfer:
     order: str                      # "C" or "F": the layout to restore
     host: Any = None                # host-side copy (pinned buffer on the GPU)
     source: Any = None              # device array kept alive until the swap-out is done
-    out_s: float | None = None      # host-sim: link time; GPU: filled from events
+    out_s: float | None = None      # seconds of the copy (as measured)
     in_s: float | None = None
     events: dict = field(default_factory=dict)
     strides: tuple[int, ...] | None = None   # GPU: the exact strides to restore (dense views)

@@ -5,9 +5,9 @@ NVLink box). To run that comparison on one machine, the copies of a fast link ar
 to a preset's speed: a copy of ``n`` bytes must take at least ``link.swap_out_s(n)`` (D2H) or
 ``link.swap_in_s(n)`` (H2D); a copy already slower than that is left alone.
 
-* ``stretched_s(native_s, target_s)`` / ``extra_s``: the host-simulated analogue (its copy times
+* ``stretched_s(native_s, target_s)`` / ``extra_s``: the CPU device's analogue (its copy times
   are a link model, so the emulated time is the larger of the two; ``emulated_link`` is the
-  link the host-simulated device then plans with);
+  link the CPU device then plans with);
 * ``CopyThrottle`` does it on a CUDA copy stream, self-timed: a one-thread kernel stamps the
   GPU's global timer just before the copy, and another one, queued right after it, waits until
   the stamp plus the target time has passed. Everything later on that stream (the copy's done

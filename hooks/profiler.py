@@ -11,7 +11,7 @@ the plan that does so is whatever ``use(...)`` was given (PoocH passes the swap-
 ``build_profile`` makes the measured Profile (the same contract as the analytic one, through
 ``GraphTrace.to_builder``): op times are medians over the samples after the first (a warm-up),
 scratch sizes the largest seen, swap times the medians of the measured copies (the link preset
-on the host-simulated device) and ``link`` a fit of those copies.
+on the CPU device) and ``link`` a fit of those copies.
 """
 from __future__ import annotations
 

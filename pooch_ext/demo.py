@@ -5,7 +5,7 @@
 1. measure the network's in-core need (a short profiling run);
 2. train it for ``--iters`` iterations twice from the same seed, plainly and under
    ``PoocH(budget=...)``, alternating iteration by iteration so both see the same machine
-   load: on the GPU when CuPy sees one, else on the host-simulated device, whose accounted
+   load: on the GPU when CuPy sees one, else on the CPU device, whose accounted
    memory the budget bounds;
 3. write results/demo/: the measured profile, plan.csv, iterations.csv, allocations.csv
    (the device's malloc/free events while profiling), losses.csv, loss.png (both loss curves),
@@ -57,8 +57,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--budget-fraction", type=float, default=0.4,
                         help="budget as a fraction of the in-core need (default 0.4)")
     parser.add_argument("--policy", default="pooch")
-    parser.add_argument("--link", default="pcie3", help="host-simulated link (CPU only)")
-    parser.add_argument("--cpu", action="store_true", help="use the host-simulated device even "
+    parser.add_argument("--link", default="pcie3", help="link of the CPU device's copy engines (CPU only)")
+    parser.add_argument("--cpu", action="store_true", help="use the CPU device even "
                                                            "where a GPU is present")
     parser.add_argument("--out", type=output_folder, default=OUT,
                         help="folder for the results (default results/demo); created, with any "
@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     if gpu:
         import cupy
         xp, sync = cupy, cupy.cuda.get_current_stream().synchronize
-    where = "GPU" if gpu else f"host-simulated device ({args.link} link)"
+    where = "GPU" if gpu else f"CPU device ({args.link} link)"
     shape, classes = default_input_size(args.model), default_n_classes(args.model)
     args.out.mkdir(parents=True, exist_ok=True)
 
@@ -158,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
                   "pooch_s": pooch_run.seconds}).to_csv(args.out / "losses.csv", index=False)
     _plot_losses(args.out / "loss.png", plain.losses, pooch_run.losses, args.profile_iters,
                  f"{args.model}, batch {args.batch}: PoocH at {budget / incore:.0%} of the "
-                 f"in-core memory ({'GPU' if gpu else 'host-simulated device'})")
+                 f"in-core memory ({'GPU' if gpu else 'CPU device'})")
     timeline = _plot_timeline(args.out / "timeline.png", pooch)
     executed = pooch.iterations.iloc[args.profile_iters:]
     plain_s = float(np.median(plain.seconds[args.profile_iters:]))

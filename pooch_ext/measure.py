@@ -3,7 +3,7 @@
 ``measured_profile("small-resnet", 32)`` builds the network, trains it for ``iters``
 iterations on synthetic data with every feature map swapped (PoocH's profiling phase), and
 returns the measured Profile: on the current CUDA device when CuPy sees one (copies timed,
-link fitted from them), else on the host-simulated device (compute timed on the CPU, copy
+link fitted from them), else on the CPU device (compute timed on the CPU, copy
 times from ``link``). A ``budget`` is enforced on the device while profiling.
 """
 from __future__ import annotations

@@ -38,7 +38,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     parser.add_argument("--measure", action="store_true",
                         help="measure real training iterations instead: on the CUDA device when "
-                             "CuPy sees one (copies timed), else on the host-simulated device "
+                             "CuPy sees one (copies timed), else on the CPU device "
                              "(copy times from --link); --gpu and --conv do not apply")
     parser.add_argument("--budget", default=None,
                         help="with --measure: device memory budget while profiling, e.g. 4GiB")
