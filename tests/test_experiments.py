@@ -179,3 +179,14 @@ def test_bad_input_is_one_line(capsys):
     with pytest.raises(SystemExit):   # argparse: unknown link presets are named
         fig.main(["--links", "nope"])
     assert "unknown link 'nope'" in capsys.readouterr().err
+
+
+def test_bench_overlap_writes_its_rounds(tmp_path, capsys):
+    import bench_overlap
+
+    assert bench_overlap.main(["--rounds", "2", "--n", "64", "--ops", "3", "--copies", "2",
+                               "--mib", "0.5", "--out", str(tmp_path)]) == 0
+    table = pd.read_csv(tmp_path / "overlap.csv")
+    assert list(table.columns) == ["round", "compute_s", "copies_s", "both_s"]
+    assert len(table) == 2 and (table[["compute_s", "copies_s", "both_s"]] > 0).all().all()
+    assert "overlap" in capsys.readouterr().out
