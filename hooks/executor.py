@@ -511,6 +511,8 @@ class Executor(GraphRecorder):
         if self.model is not None and (self.iteration < 4 or self.iteration % 64 == 0):
             # gradients count from the start; optimizer state appears at the first update
             self.device.note_resident(self.model)
+        if self.program is None:
+            self._unbudgeted()              # nothing planned this iteration's memory
         self.device.reset_peak()
         self.stats.started = time.perf_counter()
 

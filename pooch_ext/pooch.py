@@ -335,7 +335,10 @@ class PoocH:
         try:
             plan = self._classify(profile, "swap-all")
         except BudgetTooSmallError as error:
-            self._say(f"this graph cannot run within the budget ({error}); it runs unplanned")
+            message = f"this graph cannot run within the budget ({error}); it runs unplanned"
+            if message not in self._told:
+                self._told.add(message)
+                self._say(message)
             return None
         return compile_program(trace, profile, plan.schedule, "profile")
 

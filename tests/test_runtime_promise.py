@@ -596,3 +596,16 @@ def test_14_the_in_core_need_counts_what_chainer_keeps():
                                policy="pooch")
         assert identical(plain, under), fraction
         assert (under.pooch.iterations.peak_bytes.iloc[2:] <= budget).all()
+
+
+def test_a_later_graph_no_plan_fits_runs_unplanned_instead_of_stopping_training():
+    """After updates nothing may be refused: a bigger batch whose minimum is above the budget
+    runs without a plan (and without the device's budget), said once, exactly."""
+    small, big = batches(4), batches(4, batch=12, seed=9)
+    probe = run(branchy(), standard_loop(small), {"profile_iters": 2, "policy": None})
+    budget = budget_between(probe.pooch.profile, 0.5)
+    plain, under = compare(branchy(), standard_loop(small + big), profile_iters=2,
+                           budget=budget, policy="pooch")
+    assert identical(plain, under)
+    assert any("cannot run within the budget" in m for m in under.pooch.messages)
+    assert sum("cannot run within the budget" in m for m in under.pooch.messages) == 1
