@@ -31,7 +31,6 @@ import contextlib
 import copy
 import ctypes
 import time
-import weakref
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
@@ -42,9 +41,8 @@ import pooch_ext  # noqa: F401  (chainer import compat)
 import chainer
 
 from pooch_ext.errors import PoochError
-from pooch_ext.hooks.linkemu import CopyThrottle, copy_s, emulated_link, stretched_s
+from pooch_ext.hooks.linkemu import CopyThrottle
 from pooch_ext.links import Link, get_link
-from pooch_ext.units import format_bytes
 
 UNLIMITED = 1 << 50   # capacity reported by the CPU device without a budget
 
