@@ -37,12 +37,10 @@ import numpy as np
 from pooch_ext.errors import PoochError
 from pooch_ext.hooks import cpu_memory
 from pooch_ext.hooks.device import (DeviceOutOfMemoryError, Transfer, WallTimer, base_of,
-                                    model_arrays_with, resident_bytes, _layout)
+                                    grad_of, model_arrays_with, resident_bytes, _layout)
 from pooch_ext.hooks.linkemu import copy_s, emulated_link, stretched_s
 from pooch_ext.links import Link, get_link
 from pooch_ext.units import format_bytes
-
-COUNTING_HANDLER = "pooch_ext_counting"
 
 
 class CopyEngine:
@@ -150,7 +148,7 @@ class CpuDevice:
     kind = "cpu"
 
     def __init__(self, budget: int | None = None, link: Link | str = "pcie3",
-                 throttle: Link | str | None = None, measure: bool = False,
+                 throttle: Link | str | None = None, measure: bool = True,
                  copy_delay_s: float = 0.0, poison: bool = False) -> None:
         self.native = get_link(link)
         self.throttle = None if throttle is None else get_link(throttle)
@@ -159,6 +157,7 @@ class CpuDevice:
         self.name = "cpu"
         self.budget = None if budget is None else int(budget)
         self.enforce = True
+        self.on_overrun: Callable[[str, int], None] | None = None
         self.poison = poison
         self.resident = 0
         self._resident_counted = 0
@@ -181,6 +180,7 @@ class CpuDevice:
         """Count allocations from now on (the copy engines start with the first copy)."""
         if self.counter is not None and not self._counting:
             self._was_counting = self.counter.use(True)
+            self.counter.begin()
             self._counting = True
 
     @property
@@ -231,13 +231,21 @@ class CpuDevice:
 
     def note_resident(self, model: Any) -> None:
         """Parameters, gradients (present or to come) and optimizer state: counted by formula,
-        and those arrays the allocator counted are taken out of its count."""
+        so what the allocator counts of them is taken out of its count. Gradients are taken
+        out whole, present or not: Chainer makes a parameter's gradient during backward and
+        holds it in its gradient table until backward ends, where no model array points to it
+        yet, so the allocator's count is taken to hold every gradient. Where a loop clears the
+        gradients before forward (``optimizer.update(lossfun)``, the first iteration), forward
+        is measured short by the gradients' bytes, never over; gradients are then counted the
+        same in every iteration, the first (which PoocH checks the budget on) included."""
         self.resident = resident_bytes(model)
         if self.counter is not None:
+            grads = {id(base_of(g)) for g in map(grad_of, model.params()) if g is not None}
             bases = {id(base_of(a)): base_of(a) for a in model_arrays_with(model)}
-            self._resident_counted = sum(
-                int(a.nbytes) for a in bases.values()
-                if cpu_memory.handler_name(a) == COUNTING_HANDLER)
+            self._resident_counted = sum(self.counter.counted_bytes(a) for key, a in bases.items()
+                                         if key not in grads)
+            self._resident_counted += sum(int(p.array.nbytes) for p in model.params()
+                                          if p.array is not None)
 
     def track(self, array: Any, tensor: int = -1) -> None:
         """Without the allocator: count ``array``'s buffer until Python frees it."""
@@ -264,8 +272,12 @@ class CpuDevice:
     def _activations(self, peak: bool) -> int:
         if self.counter is None:
             return self._tracked_peak if peak else self.used
-        counted = self.counter.peak() if peak else self.counter.live()
-        return max(0, counted - self._resident_counted)
+        return self.held(self.counter.peak() if peak else self.counter.live()) - self.resident
+
+    def held(self, counted: int) -> int:
+        """Device bytes when the allocator counts ``counted`` bytes: the resident bytes by
+        formula plus the counted bytes that are not the model's."""
+        return self.resident + max(0, counted - self._resident_counted)
 
     def used_bytes(self) -> int:
         return self.resident + self._activations(peak=False)
@@ -282,15 +294,20 @@ class CpuDevice:
 
     def check(self, where: str = "", index: int | None = None, function: Any = None) -> None:
         """Over the budget (when enforced) since the last reset: DeviceOutOfMemoryError naming
-        ``where`` (the op that just ran or is about to)."""
+        ``where`` (the op that just ran or is about to), or, when ``on_overrun`` is set, that
+        message handed to it and the step goes on (PoocH sets it once parameters were updated:
+        stopping then would lose the promise, and this device's memory is emulated)."""
         total = self.peak
         if self.enforce and self.budget is not None and total > self.budget:
             if index is not None:
                 where = f"{where} {index}" + (f" ({type(function).__name__})" if function else "")
-            raise DeviceOutOfMemoryError(
-                f"CPU device out of memory{' at ' + where if where else ''}: "
-                f"{format_bytes(total)} held ({total} bytes, {self.memory_source}) > budget "
-                f"{format_bytes(self.budget)}")
+            message = (f"CPU device out of memory{' at ' + where if where else ''}: "
+                       f"{format_bytes(total)} held ({total} bytes, {self.memory_source}) > "
+                       f"budget {format_bytes(self.budget)}")
+            if self.on_overrun is None:
+                raise DeviceOutOfMemoryError(message)
+            self.on_overrun(message, total)
+            self.reset_peak()        # one report per overrun, not one per op after it
 
     # ------------------------------------------------------------ copies
     def swap_out(self, array: Any, timed: bool = False) -> Transfer:

@@ -4,8 +4,12 @@
  * one forwards to malloc/calloc/realloc/free and counts the bytes live and their peak, so the
  * CPU device can measure what a training step really holds at once -- feature maps, their
  * gradients, im2col columns and every other temporary -- the way a GPU memory pool does, with
- * no Python object overhead mixed in. Each block carries its size in a 16-byte header (realloc
- * does not get the old size), which keeps NumPy's 16-byte alignment.
+ * no Python object overhead mixed in. Each block carries its size and its epoch in a 16-byte
+ * header (realloc does not get the old size), which keeps NumPy's 16-byte alignment.
+ *
+ * Epochs: ``begin()`` starts a new count from zero; blocks of earlier epochs (arrays of an
+ * earlier run in the same process, still alive) no longer count, not even when freed, so one
+ * device's figures never include another's leftovers.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -22,6 +26,12 @@ static atomic_llong live = 0;
 static atomic_llong peak = 0;
 static atomic_llong window = 0;      /* a second peak, restarted per op by the profiler */
 static atomic_llong blocks = 0;
+static atomic_llong epoch = 0;
+
+typedef struct {
+    size_t size;
+    long long epoch;
+} header_t;
 
 static void raise_to(atomic_llong *top, long long now) {
     long long seen = atomic_load(top);
@@ -39,7 +49,8 @@ static void *with_header(char *raw, size_t size) {
     if (raw == NULL) {
         return NULL;
     }
-    memcpy(raw, &size, sizeof(size));
+    header_t header = {size, atomic_load(&epoch)};
+    memcpy(raw, &header, sizeof(header));
     grew((long long)size);
     atomic_fetch_add(&blocks, 1);
     return raw + HEADER;
@@ -66,10 +77,12 @@ static void count_free(void *ctx, void *ptr, size_t size) {
         return;
     }
     char *raw = (char *)ptr - HEADER;
-    size_t had;
+    header_t had;
     memcpy(&had, raw, sizeof(had));
-    atomic_fetch_sub(&live, (long long)had);
-    atomic_fetch_sub(&blocks, 1);
+    if (had.epoch == atomic_load(&epoch)) {
+        atomic_fetch_sub(&live, (long long)had.size);
+        atomic_fetch_sub(&blocks, 1);
+    }
     free(raw);
 }
 
@@ -78,14 +91,19 @@ static void *count_realloc(void *ctx, void *ptr, size_t new_size) {
         return count_malloc(ctx, new_size);
     }
     char *raw = (char *)ptr - HEADER;
-    size_t had;
+    header_t had;
     memcpy(&had, raw, sizeof(had));
     char *moved = realloc(raw, new_size + HEADER);
     if (moved == NULL) {
         return NULL;
     }
-    memcpy(moved, &new_size, sizeof(new_size));
-    atomic_fetch_sub(&live, (long long)had);
+    header_t header = {new_size, atomic_load(&epoch)};
+    memcpy(moved, &header, sizeof(header));
+    if (had.epoch == header.epoch) {
+        atomic_fetch_sub(&live, (long long)had.size);
+    } else {
+        atomic_fetch_add(&blocks, 1);
+    }
     grew((long long)new_size);
     return moved + HEADER;
 }
@@ -115,54 +133,64 @@ static PyObject *py_use(PyObject *self, PyObject *arg) {
     return PyBool_FromLong(was);
 }
 
-static PyObject *py_live(PyObject *self, PyObject *unused) {
+static atomic_llong *const counters[] = {&live, &peak, &window, &blocks};
+
+static PyObject *read_counter(PyObject *self, PyObject *arg) {
+    /* read(k): the counter k of live, peak, window, blocks (cpu_memory.py names them). */
     (void)self;
-    (void)unused;
-    return PyLong_FromLongLong(atomic_load(&live));
+    long k = PyLong_AsLong(arg);
+    if (k < 0 || k >= (long)(sizeof(counters) / sizeof(counters[0]))) {
+        if (!PyErr_Occurred()) {
+            PyErr_SetString(PyExc_IndexError, "no such counter");
+        }
+        return NULL;
+    }
+    return PyLong_FromLongLong(atomic_load(counters[k]));
 }
 
-static PyObject *py_peak(PyObject *self, PyObject *unused) {
+static PyObject *restart(PyObject *self, PyObject *arg) {
+    /* restart(k): peak (1) or window (2) starts again from what is live now; returns it had. */
     (void)self;
-    (void)unused;
-    return PyLong_FromLongLong(atomic_load(&peak));
+    long k = PyLong_AsLong(arg);
+    if (k != 1 && k != 2) {
+        if (!PyErr_Occurred()) {
+            PyErr_SetString(PyExc_IndexError, "only the peak (1) and the window (2) restart");
+        }
+        return NULL;
+    }
+    return PyLong_FromLongLong(atomic_exchange(counters[k], atomic_load(&live)));
 }
 
-static PyObject *py_blocks(PyObject *self, PyObject *unused) {
+static PyObject *begin(PyObject *self, PyObject *unused) {
+    /* A new epoch: every count from zero; blocks allocated before no longer count. */
     (void)self;
     (void)unused;
-    return PyLong_FromLongLong(atomic_load(&blocks));
+    atomic_fetch_add(&epoch, 1);
+    for (size_t k = 0; k < sizeof(counters) / sizeof(counters[0]); k++) {
+        atomic_store(counters[k], 0);
+    }
+    Py_RETURN_NONE;
 }
 
-static PyObject *py_reset_peak(PyObject *self, PyObject *unused) {
-    /* The peak starts again from what is live now; returns the peak it had. */
+static PyObject *counted_size(PyObject *self, PyObject *arg) {
+    /* counted_size(address): the size of the counting allocator's block at that data
+     * address if it counts in this epoch, else 0. Only for data this allocator owns. */
     (void)self;
-    (void)unused;
-    long long had = atomic_exchange(&peak, atomic_load(&live));
-    return PyLong_FromLongLong(had);
-}
-
-static PyObject *py_window(PyObject *self, PyObject *unused) {
-    (void)self;
-    (void)unused;
-    return PyLong_FromLongLong(atomic_load(&window));
-}
-
-static PyObject *py_reset_window(PyObject *self, PyObject *unused) {
-    /* The window's peak starts again from what is live now; returns the peak it had. */
-    (void)self;
-    (void)unused;
-    long long had = atomic_exchange(&window, atomic_load(&live));
-    return PyLong_FromLongLong(had);
+    void *ptr = PyLong_AsVoidPtr(arg);
+    if (ptr == NULL) {
+        return PyErr_Occurred() ? NULL : PyLong_FromLong(0);
+    }
+    header_t had;
+    memcpy(&had, (char *)ptr - HEADER, sizeof(had));
+    return PyLong_FromLongLong(had.epoch == atomic_load(&epoch) ? (long long)had.size : 0);
 }
 
 static PyMethodDef methods[] = {
-    {"window", py_window, METH_NOARGS, "Most counted bytes alive at once since reset_window()."},
-    {"reset_window", py_reset_window, METH_NOARGS, "Restart the window's peak from live."},
     {"use", py_use, METH_O, "Count NumPy data allocations in this context (True) or not."},
-    {"live", py_live, METH_NOARGS, "Bytes of counted array data alive now."},
-    {"peak", py_peak, METH_NOARGS, "Most counted bytes alive at once since reset_peak()."},
-    {"blocks", py_blocks, METH_NOARGS, "Counted blocks alive now."},
-    {"reset_peak", py_reset_peak, METH_NOARGS, "Restart the peak from the live bytes."},
+    {"read", read_counter, METH_O, "Counter k: live, peak, window, blocks."},
+    {"restart", restart, METH_O, "Restart the peak (1) or the window (2) from live."},
+    {"counted_size", counted_size, METH_O, "Bytes the block at this data address counts."},
+    {"begin", begin, METH_NOARGS, "A new epoch: counts from zero, older blocks not counted."},
     {NULL, NULL, 0, NULL},
 };
 

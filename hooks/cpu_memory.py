@@ -34,7 +34,8 @@ import numpy as np
 
 SOURCE = Path(__file__).with_name("cpu_memory.c")
 MODULE = "_pooch_cpu_memory"
-_loaded: list[ModuleType | None] = []       # [module or None] once tried
+HANDLER = "pooch_ext_counting"      # the allocator's name as NumPy reports it
+_loaded: list["Counter | None"] = []        # [counter or None] once tried
 failure = ""                                 # why it could not be built, if it could not
 
 
@@ -74,8 +75,54 @@ def _build(target: Path) -> None:
             os.unlink(temporary)
 
 
-def counter() -> ModuleType | None:
-    """The counting allocator module, built if needed; None if it cannot be had here."""
+class Counter:
+    """The compiled module's counters by name (the C side keeps one reader for all four)."""
+
+    LIVE, PEAK, WINDOW, BLOCKS = range(4)
+
+    def __init__(self, module: ModuleType) -> None:
+        self.module = module
+
+    def use(self, on: bool) -> bool:
+        """Count NumPy data allocated from now on in this context (or not); was it before?"""
+        return self.module.use(on)
+
+    def begin(self) -> None:
+        """Count from zero; arrays allocated before never count again (even when freed)."""
+        self.module.begin()
+
+    def live(self) -> int:
+        """Bytes of counted array data alive now."""
+        return self.module.read(self.LIVE)
+
+    def peak(self) -> int:
+        """Most counted bytes alive at once since ``reset_peak``."""
+        return self.module.read(self.PEAK)
+
+    def window(self) -> int:
+        """Most counted bytes alive at once since ``reset_window`` (the profiler's per op)."""
+        return self.module.read(self.WINDOW)
+
+    def blocks(self) -> int:
+        """Counted blocks alive now."""
+        return self.module.read(self.BLOCKS)
+
+    def counted_bytes(self, array: np.ndarray) -> int:
+        """Bytes of ``array``'s own buffer that count now (0 for another allocator's data or
+        an earlier epoch's)."""
+        if array.base is not None or handler_name(array) != HANDLER:
+            return 0
+        return self.module.counted_size(array.__array_interface__["data"][0])
+
+    def reset_peak(self) -> int:
+        return self.module.restart(self.PEAK)
+
+    def reset_window(self) -> int:
+        return self.module.restart(self.WINDOW)
+
+
+def counter() -> Counter | None:
+    """The counting allocator, built if needed; None if it cannot be had here."""
     global failure
     if _loaded:
         return _loaded[0]
@@ -87,6 +134,7 @@ def counter() -> ModuleType | None:
         spec = importlib.util.spec_from_file_location(MODULE, target)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
+        module = Counter(module)
     except (OSError, subprocess.SubprocessError, ImportError) as error:
         detail = getattr(error, "stderr", "") or str(error)
         failure = f"{type(error).__name__}: {detail.strip().splitlines()[-1] if detail else ''}"

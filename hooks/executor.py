@@ -57,6 +57,7 @@ class Program:
     # that earlier ops made (network inputs are new to every iteration)
     in_shapes: list[list[tuple]] = field(default_factory=list)    # per op: sorted (shape,
     # dtype) of everything it reads, parameters included
+    schedule: pd.DataFrame | None = None     # the schedule it was compiled from
 
     def __post_init__(self) -> None:
         if self.known_inputs:
@@ -118,7 +119,8 @@ def compile_program(trace: GraphTrace, profile: Profile, schedule: pd.DataFrame,
     kinds = tensors["kind"]
     sources = {int(s) for t in recomputed for s in tensors.at[t, "recompute_sources"]
                if kinds.get(int(s)) == "input"}
-    return Program(trace, actions, chains, frozenset(sources), profile.n_ops, label)
+    return Program(trace, actions, chains, frozenset(sources), profile.n_ops, label,
+                   schedule=schedule)
 
 
 @dataclass
@@ -186,6 +188,8 @@ class Executor(GraphRecorder):
         self._next_boundary = 0
         self._pending_in_data: tuple | None = None
         self._after_op: list[int] = []
+        # what this iteration did to feature maps, as (boundary, action, tensor): its schedule
+        self.executed: list[tuple[int, str, int]] = []
         self._queued: tuple | None = None
 
     def use(self, program: Program | None) -> None:
@@ -372,6 +376,7 @@ class Executor(GraphRecorder):
             if program is not None and not self.deviation and not self.passive:
                 for action, tensor, final in program.actions.get(self._next_boundary, ()):
                     self._act(action, tensor, final)
+                    self.executed.append((self._next_boundary, action, tensor))
             self._next_boundary += 1
 
     # ------------------------------------------------------------ on demand
@@ -393,6 +398,8 @@ class Executor(GraphRecorder):
                 continue
             self._swap_out(tensor)
             self._release(tensor)
+            boundary = self._next_boundary - 1
+            self.executed += [(boundary, "swap_out", tensor), (boundary, "release", tensor)]
         self._candidates = remaining
 
     def _restore_on_demand(self, tensor: int) -> None:
@@ -402,8 +409,10 @@ class Executor(GraphRecorder):
         elif slot.state == "host":
             self._swap_in(tensor)
             self._wait(tensor)
+            self.executed.append((self._next_boundary - 1, "swap_in", tensor))
         elif slot.state == "freed":
             self._recompute(tensor)
+            self.executed.append((self._next_boundary - 1, "recompute", tensor))
         else:
             return
         self._after_op.append(tensor)
@@ -507,6 +516,7 @@ class Executor(GraphRecorder):
         self._input_bases: set[int] = set()
         self._candidates = []
         self._after_op = []
+        self.executed = []
         self._next_boundary = 0
         if self.model is not None and (self.iteration < 4 or self.iteration % 64 == 0):
             # gradients count from the start; optimizer state appears at the first update
@@ -571,6 +581,8 @@ class Executor(GraphRecorder):
         self._retained_out = {t - n_tensors: (k - n_ops, p) for t, (k, p)
                               in self._retained_out.items() if t >= n_tensors and k >= n_ops}
         self._candidates = [t - n_tensors for t in self._candidates if t >= n_tensors]
+        self.executed = [(b - n_ops, a, t - n_tensors) for b, a, t in self.executed
+                         if t >= n_tensors and b >= n_ops]
 
     def on_unsupported(self, reason: str) -> None:
         self._go_passive()
@@ -648,6 +660,7 @@ class Executor(GraphRecorder):
                 self._wait(tensor)
                 self._drop(tensor, slot)
                 slot.state = "host" if slot.transfer is not None else "freed"
+                self.executed.append((index + 1, "release", tensor))
         self._after_op = []
         self._run_until(index + 1)
         self.device.check("backward op", index, function)

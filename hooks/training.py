@@ -142,12 +142,13 @@ def train(model: chainer.Link, optimizer: chainer.Optimizer, batches: Iterable,
 @contextmanager
 def hooks_out(runtime: Any) -> Iterator[None]:
     """PoocH's function and link hooks out of Chainer's hook tables for a while: what runs
-    meanwhile is plain Chainer, unobserved."""
+    meanwhile is plain Chainer, unobserved, and its arrays are not the device's."""
     functions, links = chainer.get_function_hooks(), chainer._get_link_hooks()
     saved = functions.pop(runtime.name), links.pop(runtime._link_names.name)
     paused, runtime.paused = runtime.paused, True       # its backward passes are not ours
     try:
-        yield
+        with runtime.device.host_side():
+            yield
     finally:
         functions[runtime.name], links[runtime._link_names.name] = saved
         runtime.paused = paused

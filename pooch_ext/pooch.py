@@ -97,6 +97,7 @@ class PoocH:
         self._refusal: Exception | None = None      # raised before the first update
         self._closing = False
         self._budget_applied = False
+        self.overruns: list[dict] = []              # budget overruns measured after updates
 
     # ------------------------------------------------------------ context
     def __enter__(self) -> "PoocH":
@@ -133,6 +134,8 @@ class PoocH:
             runtime.__exit__(exc_type, exc, tb)
         finally:
             self._closing = True
+            if getattr(self.device, "on_overrun", None) is not None:
+                self.device.on_overrun = None
             self.device.restore()
 
     # ------------------------------------------------------------ phases
@@ -206,12 +209,24 @@ class PoocH:
     def _before_update(self) -> None:
         refusal, self._refusal = self._refusal, None
         self._updated = True
+        if self.device.kind == "cpu":
+            self.device.on_overrun = self._overrun
         self._ungate_updates()
         if refusal is not None and not self._closing:
             self._closing = True
             self.runtime.abandon()
             self._snapshot.restore()
             raise refusal
+
+    def _overrun(self, message: str, held: int) -> None:
+        """The CPU device measured more than the budget after updates: the prediction it ran
+        on was short. Recorded (``overruns``) and said once per graph; training goes on."""
+        self.overruns.append(dict(iteration=self.runtime.iteration, message=message,
+                                  held_bytes=held, budget_bytes=self.budget_bytes))
+        if "overrun" not in self._told:
+            self._told.add("overrun")
+            self._say(f"{message}: the plan's prediction was short; training goes on "
+                      "(see PoocH.overruns)")
 
     def _unsupported(self, reason: str) -> None:
         if self._in_refusal_window():

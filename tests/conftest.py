@@ -9,6 +9,16 @@ from pooch_ext.links import get_link
 from pooch_ext.profile import Device
 
 
+def tracked_device(**kwargs):
+    """A CPU device that counts the arrays the graph holds instead of every allocation: for
+    tests of the runtime's logic on networks so small that im2col scratch, which no plan
+    moves, would leave no room between the minimum budget and the in-core need (measured
+    memory has its own tests: test_memory_fidelity.py, the promise matrix)."""
+    from pooch_ext.hooks.cpu_device import CpuDevice
+
+    return CpuDevice(measure=False, **kwargs)
+
+
 def cuda_available() -> bool:
     try:
         import cupy

@@ -14,7 +14,7 @@ from pooch_ext.links import get_link
 
 
 def test_accounting_counts_each_buffer_once_and_follows_python_frees():
-    device = HostSimDevice()
+    device = HostSimDevice(measure=False)
     a = np.zeros(1000, np.float32)
     view = a.reshape(10, 100)
     device.track(a)
@@ -33,7 +33,7 @@ def test_accounting_counts_each_buffer_once_and_follows_python_frees():
 
 
 def test_budget_is_enforced_with_a_clear_error_and_no_budget_means_no_limit():
-    device = HostSimDevice(budget=1000)
+    device = HostSimDevice(budget=1000, measure=False)
     keep = np.zeros(200, np.float32)   # 800 bytes
     device.track(keep)
     device.check("op 3 (ReLU)")
@@ -42,7 +42,7 @@ def test_budget_is_enforced_with_a_clear_error_and_no_budget_means_no_limit():
     device.track(more)
     with pytest.raises(DeviceOutOfMemoryError, match=r"op 4 \(Concat\).*budget 1000 B"):
         device.check("op 4 (Concat)")
-    unlimited = HostSimDevice()
+    unlimited = HostSimDevice(measure=False)
     unlimited.track(np.zeros(10**6, np.uint8))
     unlimited.check()
     assert unlimited.capacity_bytes() == UNLIMITED and HostSimDevice(budget=5).capacity_bytes() == 5
@@ -69,7 +69,7 @@ def test_swap_round_trip_keeps_values_and_layout_and_takes_at_least_the_links_ti
 def test_allocation_events_reach_the_listener_and_scratch_is_measured_per_op():
     log = AllocationLog()
     log.enabled = True
-    device = HostSimDevice()
+    device = HostSimDevice(measure=False)
     device.listener = log.record
     log.op = 7
     scratch = np.zeros(64, np.uint8)

@@ -9,6 +9,8 @@ statistics, optimizer state and every loss must equal plain Chainer's exactly.
 from __future__ import annotations
 
 import numpy as np
+
+from conftest import tracked_device
 import pytest
 
 from pooch_ext.hooks.training import (BranchyNet, make_optimizer, model_state, states_equal,
@@ -24,6 +26,8 @@ def _run(pooch=None, seed=0):
     np.random.seed(seed)                      # parameters and Dropout masks
     model = BranchyNet()
     optimizer = make_optimizer(model, "momentum")
+    if pooch is not None:
+        pooch = dict(pooch, device=tracked_device())
     result = train(model, optimizer, synthetic_batches(ITERS, 4, (3, 16, 16), 5), pooch)
     if result.error is not None:
         raise result.error

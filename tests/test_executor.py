@@ -91,7 +91,7 @@ class Watching(Executor):
 
 def _execute(batches, program_for=None, device=None, executor_cls=Executor, **kwargs):
     model, optimizer = _setup()
-    device = device or HostSimDevice()
+    device = device or HostSimDevice(measure=False)
     executor = executor_cls(model, device, **kwargs)
     losses = []
     with executor:
@@ -185,10 +185,10 @@ def test_the_host_simulated_budget_stops_a_plan_that_does_not_fit():
     batches = synthetic_batches(2, 4, (3, 16, 16), 5)
     _, _, free_run = _execute(batches, lambda: keep_all)
     need = free_run.history[-1].peak_bytes
-    device = HostSimDevice(budget=need - 1)
+    device = HostSimDevice(budget=need - 1, measure=False)
     with pytest.raises(DeviceOutOfMemoryError, match="out of memory"):
         _execute(batches, lambda: keep_all, device=device)
-    _, _, exact_fit = _execute(batches, lambda: keep_all, device=HostSimDevice(budget=need))
+    _, _, exact_fit = _execute(batches, lambda: keep_all, device=HostSimDevice(budget=need, measure=False))
     assert exact_fit.history[-1].peak_bytes == need
 
 

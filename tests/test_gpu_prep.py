@@ -281,7 +281,7 @@ def test_measure_rows_hold_predictions_measurements_and_exactness(run_all_cpu, m
     native = runs[runs.link == "native"]
     # most important first: in-core, every policy at the smallest budget, then the larger one
     assert list(native.policy) == ["in-core (plain)"] + ["pooch", "superneurons", "swap-all"] * 2
-    assert list(native.budget_fraction.iloc[1:]) == [0.6] * 3 + [1.0] * 3
+    assert list(native.budget_fraction.iloc[1:]) == [0.9] * 3 + [1.0] * 3
     assert (runs.status == "ok").all(), runs[["policy", "status", "error"]]
     planned = runs[runs.policy != "in-core (plain)"]
     assert (planned.params_identical == True).all() and (planned.losses_identical == True).all()  # noqa: E712

@@ -4,6 +4,8 @@ from __future__ import annotations
 import json
 
 import numpy as np
+
+from conftest import tracked_device
 import pytest
 
 import pooch_ext  # noqa: F401
@@ -69,6 +71,8 @@ def _loop(n, pooch_kwargs=None, seed=0, batches=None):
     model = BranchyNet()
     optimizer = make_optimizer(model, "momentum")
     batches = batches or synthetic_batches(n, 4, SHAPE, 5)
+    if pooch_kwargs is not None:
+        pooch_kwargs = dict(pooch_kwargs, device=tracked_device())
     result = train(model, optimizer, batches, pooch_kwargs)
     return result, model_state(model, optimizer)
 

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import numpy as np
+
+from conftest import tracked_device
 import pytest
 
 from pooch_ext.errors import ProfileError
@@ -19,7 +21,8 @@ def _profiled(budget=None, iters=3, batch=4):
     model = BranchyNet()
     optimizer = make_optimizer(model, "adam")
     result = train(model, optimizer, synthetic_batches(iters, batch, (3, 16, 16), 5),
-                   {"profile_iters": iters, "policy": None, "budget": budget, "verbose": False})
+                   {"profile_iters": iters, "policy": None, "budget": budget, "verbose": False,
+                    "device": tracked_device()})
     if result.error is not None:
         raise result.error
     return result.pooch, model

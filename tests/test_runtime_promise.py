@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
+
+from conftest import tracked_device
 import pytest
 
 import pooch_ext  # noqa: F401
@@ -50,6 +52,7 @@ def run(build: Callable[[], tuple], loop: Callable, pooch: dict | None, seed: in
             kwargs = dict(pooch)
             given = kwargs.pop("models", None)
             target = models if given is None else given(models)
+            kwargs.setdefault("device", tracked_device())
             with PoocH(target, **{"verbose": False, **kwargs}) as context:
                 out.pooch = context
                 loop(models, optimizers, out)

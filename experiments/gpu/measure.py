@@ -88,8 +88,9 @@ def gpu_config() -> Config:
 
 
 def tiny_config() -> Config:
-    # small-resnet at 16x16 cannot go below ~47% of its in-core need: budgets 1x and 0.6x
-    return Config([("small-resnet", 8)], 2, 1, [1.0, 0.6], list(POLICIES), "pcie3",
+    # small-resnet b8 at 16x16 on the CPU device, memory measured (im2col scratch included),
+    # cannot go below ~80% of its in-core need, superneurons not below ~90%: budgets 1x, 0.9x
+    return Config([("small-resnet", 8)], 2, 1, [1.0, 0.9], list(POLICIES), "pcie3",
                   "small-resnet", ["pooch"], [1, 4], (3, 16, 16), reserve_s=0.0)
 
 
