@@ -190,3 +190,17 @@ def test_bench_overlap_writes_its_rounds(tmp_path, capsys):
     assert list(table.columns) == ["round", "compute_s", "copies_s", "both_s"]
     assert len(table) == 2 and (table[["compute_s", "copies_s", "both_s"]] > 0).all().all()
     assert "overlap" in capsys.readouterr().out
+
+
+def test_fidelity_quick_compares_predictions_with_measurements(tmp_path, capsys):
+    import fidelity
+
+    assert fidelity.main(["--quick", "--iters", "2", "--profile-iters", "2",
+                          "--out", str(tmp_path)]) == 0
+    frame = pd.read_csv(tmp_path / "fidelity.csv")
+    assert len(frame) == 2 and (frame.status == "ok").all()
+    assert (frame.measured_s > 0).all() and (frame.predicted_s > 0).all()
+    assert (frame.measured_peak <= frame.budget_bytes).all()
+    assert ((frame.predicted_peak - frame.measured_peak).abs() <= 0.05 * frame.measured_peak).all()
+    assert (tmp_path / "fidelity.png").stat().st_size > 0
+    assert "measured peak above the budget: 0 runs" in capsys.readouterr().out

@@ -1,0 +1,197 @@
+"""The simulator's fidelity: predicted against measured iteration time and peak, on the CPU device.
+
+For each network x link x policy x budget, a fresh model trains under
+``PoocH(policy, budget, device=CpuDevice(link))`` (profiling included: the profile, the plan
+and the run are all real); the plan's predicted forward+backward time and peak are compared
+with the medians of the planned iterations' measured forward+backward time (the device's clock)
+and their measured peak (the counting allocator). Networks: small-resnet (residual CNN),
+BranchyNet (concat, BatchNorm, Dropout, pooling) and an unrolled LSTM. Budgets are fractions of
+the way from the network's minimum to its in-core need, both measured first. Links: the CPU
+device's ``cpu`` preset (copies about as long as the compute, like PCIe on a GPU) and
+``cpu-fast`` (6x faster, like NVLink). The CuPy device has no path in this script yet (no GPU
+has been lent to the project): experiments/gpu/measure.py is the GPU-side comparison.
+
+    OPENBLAS_NUM_THREADS=1 python experiments/fidelity.py [--quick] [--out results/fidelity]
+
+Writes fidelity.csv (one row per run), fidelity.png (predicted vs measured, time and peak) and
+prints the errors against the targets and the measured policy ordering per budget.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+OUT = Path(__file__).resolve().parents[1] / "results" / "fidelity"
+POLICIES = ["pooch", "swap-all", "superneurons", "sqrt-n"]
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true",
+                        help="one network, one link, two policies, one budget (a smoke test)")
+    parser.add_argument("--iters", type=int, default=4, help="planned iterations per run")
+    parser.add_argument("--profile-iters", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=OUT)
+    return parser.parse_args(argv)
+
+
+def _networks(quick: bool) -> dict:
+    """name -> (make model, make batches(n))."""
+    import numpy as np
+    import chainer
+    import chainer.functions as F
+    import chainer.links as L
+
+    from pooch_ext.hooks.training import BranchyNet, synthetic_batches
+    from pooch_ext.models import get_model
+
+    class UnrolledLSTM(chainer.Chain):
+        """Embedding, an LSTM over 12 steps, a classifier on the mean of its outputs."""
+
+        def __init__(self, vocab: int = 50, width: int = 256, classes: int = 10) -> None:
+            super().__init__()
+            with self.init_scope():
+                self.embed = L.EmbedID(vocab, width)
+                self.lstm = L.LSTM(width, width)
+                self.fc = L.Linear(width, classes)
+
+        def forward(self, x):
+            self.lstm.reset_state()
+            hs = [self.lstm(self.embed(x[:, k])) for k in range(x.shape[1])]
+            return self.fc(F.mean(F.stack(hs), axis=0))
+
+    def sequences(n: int, batch: int = 32, steps: int = 12) -> list:
+        rng = np.random.RandomState(1)
+        return [(rng.randint(0, 50, (batch, steps)).astype(np.int32),
+                 rng.randint(0, 10, batch).astype(np.int32)) for _ in range(n)]
+
+    nets = {"small-resnet b16": (lambda: get_model("small-resnet"),
+                                 lambda n: synthetic_batches(n, 16, (3, 32, 32), 10)),
+            "branchy b32": (lambda: BranchyNet(width=32),
+                            lambda n: synthetic_batches(n, 32, (3, 32, 32), 5)),
+            "lstm b32x12": (UnrolledLSTM, sequences)}
+    return dict(list(nets.items())[:1]) if quick else nets
+
+
+def _run(make, batches, policy, budget, link, profile_iters):
+    """One training run under PoocH; returns (pooch, result)."""
+    import numpy as np
+
+    from pooch_ext.hooks.cpu_device import CpuDevice
+    from pooch_ext.hooks.training import make_optimizer, train
+
+    np.random.seed(0)
+    model = make()
+    optimizer = make_optimizer(model, "momentum")
+    device = CpuDevice(link=link)
+    result = train(model, optimizer, batches,
+                   {"profile_iters": profile_iters, "policy": policy, "budget": budget,
+                    "verbose": False, "device": device}, clock=device.timer)
+    return result.pooch, result
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(argv)
+    for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(name, "1")
+    import numpy as np
+    import pandas as pd
+    from tqdm import tqdm
+
+    import pooch_ext  # noqa: F401
+    from pooch_ext.links import Link, get_link
+    from pooch_ext.simulator import minimum_budget
+
+    cpu = get_link("cpu")
+    links = {"cpu": cpu, "cpu-fast": Link("cpu-fast", 6 * cpu.d2h_bytes_per_s,
+                                          6 * cpu.h2d_bytes_per_s, cpu.latency_s)}
+    if args.quick:
+        links = {"cpu": cpu}
+    policies = POLICIES[:2] if args.quick else POLICIES
+    fractions = [0.5] if args.quick else [0.1, 0.5, 0.9]
+    nets = _networks(args.quick)
+    n = args.profile_iters + args.iters
+    rows = []
+    bar = tqdm(total=len(nets) * len(links) * (1 + len(policies) * len(fractions)),
+               desc="fidelity", file=sys.stderr)
+    for net, (make, make_batches) in nets.items():
+        batches = make_batches(n)
+        for link_name, link in links.items():
+            probe, _ = _run(make, batches[:args.profile_iters], None, None, link,
+                            args.profile_iters)
+            low, high = minimum_budget(probe.profile), probe.profile.incore_peak_bytes
+            bar.update(1)
+            for fraction in fractions:
+                budget = int(low + fraction * (high - low))
+                for policy in policies:
+                    pooch, result = _run(make, batches, policy, budget, link, args.profile_iters)
+                    bar.update(1)
+                    row = dict(network=net, link=link_name, policy=policy, fraction=fraction,
+                               budget_bytes=budget, minimum_bytes=low, incore_bytes=high)
+                    plan = pooch.plan if pooch is not None else None
+                    if result.error is not None or plan is None:
+                        row.update(status=f"{type(result.error).__name__}: {result.error}"
+                                   if result.error else "no plan")
+                        rows.append(row)
+                        continue
+                    planned = pooch.iterations.iloc[args.profile_iters:]
+                    row.update(status="ok", keep=plan.counts["keep"], swap=plan.counts["swap"],
+                               recompute=plan.counts["recompute"],
+                               predicted_s=plan.iteration_time_s,
+                               measured_s=float(np.median(result.fb_seconds[args.profile_iters:])),
+                               predicted_peak=plan.peak_bytes,
+                               measured_peak=int(planned.peak_bytes.max()),
+                               overruns=len(pooch.overruns))
+                    rows.append(row)
+    bar.close()
+    frame = pd.DataFrame(rows)
+    args.out.mkdir(parents=True, exist_ok=True)
+    frame.to_csv(args.out / "fidelity.csv", index=False)
+    ok = frame[frame.status == "ok"].copy()
+    ok["time_error"] = (ok.predicted_s - ok.measured_s).abs() / ok.measured_s
+    ok["peak_error"] = (ok.predicted_peak - ok.measured_peak).abs() / ok.measured_peak
+    _plot(ok, args.out / "fidelity.png")
+    print(f"{len(ok)} of {len(frame)} runs planned and ran; "
+          f"{len(frame) - len(ok)} refused or failed")
+    print(f"iteration time |pred - meas| / meas: median {ok.time_error.median():.1%}, "
+          f"worst {ok.time_error.max():.1%} (targets <= 10%, <= 20%)")
+    print(f"peak |pred - meas| / meas: median {ok.peak_error.median():.2%}, "
+          f"worst {ok.peak_error.max():.2%} (target <= 5%)")
+    over = ok[ok.measured_peak > ok.budget_bytes]
+    print(f"measured peak above the budget: {len(over)} runs (target 0)")
+    print("\nmeasured (predicted) ms per iteration, per budget:")
+    for (net, link, fraction), group in ok.groupby(["network", "link", "fraction"]):
+        cells = "  ".join(f"{r.policy} {r.measured_s * 1e3:.0f} ({r.predicted_s * 1e3:.0f})"
+                          for r in group.itertuples())
+        print(f"  {net}, {link}, {fraction:.1f}: {cells}")
+    print(f"\n{args.out / 'fidelity.csv'}, {args.out / 'fidelity.png'}")
+    return 0
+
+
+def _plot(ok, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, (times, peaks) = plt.subplots(1, 2, figsize=(10, 4.5))
+    for policy, group in ok.groupby("policy"):
+        times.scatter(group.measured_s * 1e3, group.predicted_s * 1e3, label=policy, s=18)
+        peaks.scatter(group.measured_peak / 2**20, group.predicted_peak / 2**20, label=policy,
+                      s=18)
+    for axis, unit in ((times, "ms"), (peaks, "MiB")):
+        low, high = axis.get_xlim()
+        axis.plot([low, high], [low, high], color="grey", linewidth=0.8)
+        axis.set_xlabel(f"measured ({unit})")
+        axis.set_ylabel(f"predicted ({unit})")
+    times.set_title("forward + backward time")
+    peaks.set_title("peak device memory")
+    times.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
