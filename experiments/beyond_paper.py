@@ -38,7 +38,7 @@ import fig17_20_batch_sweep as batch_sweep
 import fig21_22_resnext3d as resnext
 import matplotlib.pyplot as plt
 from pooch_ext.links import PRESETS, Link
-from pooch_ext.simulator import minimum_budget
+from pooch_ext.simulator import budget_between
 from pooch_ext.synthetic import random_profile
 
 OUT = common.RESULTS / "beyond"
@@ -120,8 +120,7 @@ def layers(depths: list[int], seeds: int, repeat: int, real=REAL) -> pd.DataFram
             budget, name = int(p.device.capacity_bytes), a
         else:
             p = random_profile(b, a)
-            low = minimum_budget(p)
-            budget, name = int(low + 0.4 * (p.incore_peak_bytes - low)), f"random-{a}"
+            budget, name = budget_between(p, 0.4), f"random-{a}"
         rows.append({"kind": kind, "network": name, "forward_ops": len(p.forward_ops),
                      "ops": p.n_ops, "feature_maps": len(p.feature_maps), "link": "pcie3",
                      "budget_bytes": budget, "incore_peak_bytes": p.incore_peak_bytes,

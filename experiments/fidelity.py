@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import pooch_ext  # noqa: F401
     from pooch_ext.links import Link, get_link
-    from pooch_ext.simulator import minimum_budget
+    from pooch_ext.simulator import budget_between, minimum_budget
 
     cpu = get_link("cpu")
     links = {"cpu": cpu, "cpu-fast": Link("cpu-fast", 6 * cpu.d2h_bytes_per_s,
@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
             low, high = minimum_budget(probe.profile), probe.profile.incore_peak_bytes
             bar.update(1)
             for fraction in fractions:
-                budget = int(low + fraction * (high - low))
+                budget = budget_between(probe.profile, fraction)
                 for policy in policies:
                     pooch, result = _run(make, batches, policy, budget, link, args.profile_iters)
                     bar.update(1)

@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     from pooch_ext.hooks.training import model_state, states_equal, train_side_by_side
     from pooch_ext.measure import cuda_available, measured_profile, setup_model
     from pooch_ext.models import default_input_size, default_n_classes
-    from pooch_ext.simulator import minimum_budget
+    from pooch_ext.simulator import budget_between, minimum_budget
     from pooch_ext.units import format_bytes
 
     gpu = cuda_available() and not args.cpu
@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     budget = int(args.budget_fraction * incore)
     note = ""
     if budget < floor:
-        budget = int(floor + 0.05 * (incore - floor))
+        budget = budget_between(probe, 0.05)
         note = (f"{args.budget_fraction:.0%} of the in-core need is below the smallest budget "
                 f"any plan reaches ({format_bytes(floor)}, {floor / incore:.0%}); using "
                 f"{format_bytes(budget)}")

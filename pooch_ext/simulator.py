@@ -150,6 +150,14 @@ def minimum_budget(profile: Profile) -> int:
     return least_peak(model, tightest_codes(model))
 
 
+def budget_between(profile: Profile, fraction: float) -> int:
+    """A budget ``fraction`` of the way from the smallest any plan reaches (0) to the in-core
+    need (1), in whole bytes: how experiments and tests pick budgets that leave plans a
+    choice."""
+    floor = minimum_budget(profile)
+    return int(floor + fraction * (profile.incore_peak_bytes - floor))
+
+
 def tightest_codes(model: SimModel) -> np.ndarray:
     """Swap where allowed, else recompute where allowed, else keep."""
     return np.where(model.can[:, 1], SWAP, np.where(model.can[:, 2], RECOMPUTE, KEEP))

@@ -238,10 +238,8 @@ class Reference:
 
 
 def between(floor: int, incore: int, fraction: float) -> int:
-    """``floor + fraction * (incore - floor)`` in whole bytes: the formula of
-    test_runtime_promise.budget_between, test_exactness._tight and
-    test_experiments.tight_budget, which take one profile (here the bounds are maxima over
-    several) and live in test modules."""
+    """``floor + fraction * (incore - floor)`` in whole bytes: simulator.budget_between's
+    formula on bounds that are maxima over several profiles."""
     return int(floor + fraction * (incore - floor))
 
 

@@ -17,7 +17,7 @@ from pooch_ext.hooks.training import (BranchyNet, make_optimizer, model_state, s
                                       synthetic_batches, train)
 from pooch_ext.plan import Plan
 from pooch_ext.profile import Profile
-from pooch_ext.simulator import minimum_budget, schedule_memory, simulate
+from pooch_ext.simulator import budget_between, schedule_memory, simulate
 
 ITERS, PROFILE_ITERS = 6, 3
 
@@ -78,11 +78,6 @@ def _random_plan(seed, timing):
     return classify
 
 
-def _tight(profile, fraction=0.25):
-    low, high = minimum_budget(profile), profile.incore_peak_bytes
-    return int(low + fraction * (high - low))
-
-
 def _check_exact(plain, policy, budget):
     (plain_result, plain_state) = plain
     result, state = _run({"profile_iters": PROFILE_ITERS, "policy": policy, "budget": budget,
@@ -107,7 +102,7 @@ SEEN: dict[str, dict] = {}
 def test_policies_train_bit_identically(plain, measured, policy):
     # SuperNeurons and vDNN-conv keep too much to fit as low as the others (as in the paper)
     loose = policy in ("superneurons", "vdnn-conv")
-    budget = None if policy == "in-core" else _tight(measured, 0.75 if loose else 0.25)
+    budget = None if policy == "in-core" else budget_between(measured, 0.75 if loose else 0.25)
     pooch = _check_exact(plain, policy, budget)
     counts = SEEN[policy] = pooch.plan.counts
     if policy == "in-core":
@@ -141,7 +136,7 @@ def test_accounted_memory_stays_within_what_the_schedule_implies_for_activations
     """The host-simulated device counts the activation arrays the graph holds (plus resident
     bytes); the schedule's memory model restricted to activation events bounds it, so a map
     the executor forgot to drop would show up here."""
-    for policy, budget in (("swap-all", _tight(measured, 0.5)), (FORCED["mixed"], None)):
+    for policy, budget in (("swap-all", budget_between(measured, 0.5)), (FORCED["mixed"], None)):
         pooch = _check_exact(plain, policy, budget)
         profile = pooch.profile
         memory = profile.memory

@@ -18,6 +18,7 @@ sys.path.insert(0, str(EXPERIMENTS))
 
 import common  # noqa: E402
 import replay  # noqa: E402
+from pooch_ext.simulator import budget_between  # noqa: E402
 
 
 def check_outputs(folder: Path, csvs: list[str], pngs: list[str]) -> dict[str, pd.DataFrame]:
@@ -135,13 +136,8 @@ def test_run_all_partial(tmp_path):
     assert not (tmp_path / "run_all.csv").exists()   # only a full run records its timings
 
 
-def tight_budget(profile) -> int:
-    low = common.minimum_budget(profile)
-    return int(low + 0.3 * (profile.incore_peak_bytes - low))
-
-
 def test_replay_matches_simulator_and_slower_link_is_slower(toy_profile):
-    budget = tight_budget(toy_profile)
+    budget = budget_between(toy_profile, 0.3)
     for policy in ("pooch", "swap-opt", "swap-all", "swap-all-nosched"):
         plan = common.classify(toy_profile, policy, "nvlink2", budget)
         assert plan.feasible and len(plan.schedule)
@@ -152,7 +148,7 @@ def test_replay_matches_simulator_and_slower_link_is_slower(toy_profile):
 
 
 def test_replay_rejects_a_broken_schedule(toy_profile):
-    plan = common.classify(toy_profile, "swap-all", "pcie3", tight_budget(toy_profile))
+    plan = common.classify(toy_profile, "swap-all", "pcie3", budget_between(toy_profile, 0.3))
     broken = plan.schedule[plan.schedule.action != "swap_in"]
     with pytest.raises(ValueError, match="not a sound schedule"):
         replay.replay_time(toy_profile, broken, "pcie3")

@@ -20,9 +20,9 @@ from pooch_ext.hooks.training import make_optimizer
 from pooch_ext.plan import Plan
 from pooch_ext.policies import POLICY_NAMES, get_policy
 from pooch_ext.simmodel import compile_profile, host_level
-from pooch_ext.simulator import fits, minimum_budget, minimum_host_budget, simulate
+from pooch_ext.simulator import budget_between, fits, minimum_budget, minimum_host_budget, simulate
 from pooch_ext.synthetic import random_profile
-from test_runtime_promise import (batches, budget_between, identical, moved, refused_cleanly,
+from test_runtime_promise import (batches, identical, moved, refused_cleanly,
                                   run, standard_loop)
 
 
@@ -31,11 +31,6 @@ def net():
     """At a tenth of the way from the minimum device budget to in-core, pooch swaps 352 MB
     here without a host budget; 88 MB is the least any plan needs."""
     return random_profile(2, n_layers=12)
-
-
-def between(profile, fraction: float) -> int:
-    lo, hi = minimum_budget(profile), profile.incore_peak_bytes
-    return int(lo + fraction * (hi - lo))
 
 
 def host_count(profile, schedule) -> tuple[list[int], int]:
@@ -89,7 +84,7 @@ def test_simulate_holds_a_plan_to_the_host_budget(net):
 
 @pytest.mark.parametrize("name", POLICY_NAMES)
 def test_each_policys_host_peak_equals_the_count(net, name):
-    plan = get_policy(name).classify(net, between(net, 0.3), "pcie3")
+    plan = get_policy(name).classify(net, budget_between(net, 0.3), "pcie3")
     assert plan.host_peak_bytes == host_count(net, plan.schedule)[1]
     model = compile_profile(net)
     codes = np.array([{"keep": 0, "swap": 1, "recompute": 2}[plan.classes[int(t)]]
@@ -102,7 +97,7 @@ def test_each_policys_host_peak_equals_the_count(net, name):
 @pytest.mark.parametrize("name", POLICY_NAMES)
 @pytest.mark.parametrize("share", [0.0, 0.5])
 def test_feasible_plans_respect_the_host_budget_and_others_say_why(net, name, share):
-    budget = between(net, 0.1)
+    budget = budget_between(net, 0.1)
     least = minimum_host_budget(net, budget)
     free = get_policy("swap-all").classify(net, budget, "pcie3").host_peak_bytes
     host_budget = int(least + share * (free - least))
@@ -120,7 +115,7 @@ def test_feasible_plans_respect_the_host_budget_and_others_say_why(net, name, sh
 
 
 def test_pooch_trades_swaps_for_recomputation_under_a_tight_host_budget(net):
-    budget = between(net, 0.1)
+    budget = budget_between(net, 0.1)
     free = get_policy("pooch").classify(net, budget, "pcie3")
     least = minimum_host_budget(net, budget)
     assert 0 < least < free.host_peak_bytes
@@ -132,7 +127,7 @@ def test_pooch_trades_swaps_for_recomputation_under_a_tight_host_budget(net):
 
 def test_no_host_memory_at_all_where_recomputation_alone_fits():
     profile = random_profile(3, n_layers=12)
-    budget = between(profile, 0.0)
+    budget = budget_between(profile, 0.0)
     assert get_policy("sqrt-n").classify(profile, budget, "pcie3").feasible
     assert get_policy("pooch").classify(profile, budget, "pcie3").host_peak_bytes > 0
     assert minimum_host_budget(profile, budget) == 0
@@ -158,7 +153,7 @@ def least_by_enumeration(profile, budget: int) -> int:
 @pytest.mark.parametrize("fraction", [0.0, 0.2, 0.4])
 def test_the_minimum_is_the_least_any_classification_needs(fraction):
     profile = random_profile(6, n_layers=9)          # 8 maps: 3^8 classifications
-    budget = between(profile, fraction)
+    budget = budget_between(profile, fraction)
     assert minimum_host_budget(profile, budget) == least_by_enumeration(profile, budget)
 
 
@@ -170,7 +165,7 @@ def test_the_minimum_is_zero_from_in_core_on_and_needs_a_possible_device_budget(
 
 @pytest.mark.parametrize("name", POLICY_NAMES)
 def test_a_host_budget_below_the_minimum_is_refused_with_it(net, name):
-    budget = between(net, 0.1)
+    budget = budget_between(net, 0.1)
     least = minimum_host_budget(net, budget)
     with pytest.raises(HostBudgetTooSmallError) as info:
         get_policy(name).classify(net, budget, "pcie3", host_budget=least - 1)
@@ -241,7 +236,7 @@ def profile_dir(tmp_path_factory, net):
 
 
 def test_cli_host_budget_json_and_text(profile_dir, net, tmp_path, capsys):
-    budget = between(net, 0.1)
+    budget = budget_between(net, 0.1)
     least = minimum_host_budget(net, budget)
     plan_csv = tmp_path / "plan.csv"
     code = main(["classify", profile_dir, "--link", "pcie3", "--budget", str(budget),
@@ -264,7 +259,7 @@ def test_cli_host_budget_json_and_text(profile_dir, net, tmp_path, capsys):
 
 @pytest.mark.parametrize("value, message", [("lots", "not a byte size"), ("1", "host budget")])
 def test_cli_bad_host_budgets_are_one_line_and_exit_2(profile_dir, net, capsys, value, message):
-    code = main(["classify", profile_dir, "--budget", str(between(net, 0.1)),
+    code = main(["classify", profile_dir, "--budget", str(budget_between(net, 0.1)),
                  "--host-budget", value])
     err = capsys.readouterr().err
     assert code == 2 and message in err and len(err.strip().splitlines()) == 1

@@ -15,7 +15,7 @@ from pooch_ext.hooks import cpu_memory
 from pooch_ext.hooks.cpu_device import CpuDevice
 from pooch_ext.hooks.training import synthetic_batches, train
 from pooch_ext.measure import setup_model
-from pooch_ext.simulator import minimum_budget
+from pooch_ext.simulator import budget_between, minimum_budget
 
 pytestmark = pytest.mark.skipif(cpu_memory.counter() is None,
                                 reason=f"no counting allocator here: {cpu_memory.failure}")
@@ -33,16 +33,15 @@ def _train(batch: int, pooch: dict):
 
 @pytest.fixture(scope="module")
 def bounds():
-    profile = _train(16, {"profile_iters": PROFILE_ITERS, "policy": None}).profile
-    return minimum_budget(profile), profile.incore_peak_bytes
+    return _train(16, {"profile_iters": PROFILE_ITERS, "policy": None}).profile
 
 
 @pytest.mark.parametrize("policy,fraction", [("pooch", 0.2), ("swap-all", 0.5),
                                              ("sqrt-n", 0.8), ("superneurons", 0.9)])
 def test_measured_peak_is_the_predicted_peak_and_within_the_budget(bounds, policy, fraction):
-    low, high = bounds
-    assert low < high
-    budget = int(low + fraction * (high - low))
+    profile = bounds
+    assert minimum_budget(profile) < profile.incore_peak_bytes
+    budget = budget_between(profile, fraction)
     pooch = _train(16, {"profile_iters": PROFILE_ITERS, "policy": policy, "budget": budget})
     plan = pooch.plan
     assert plan is not None and plan.feasible, pooch.messages

@@ -23,7 +23,7 @@ from pooch_ext.errors import BudgetTooSmallError, PoochError
 from pooch_ext.hooks.device import grad_of
 from pooch_ext.hooks.training import BranchyNet, make_optimizer, model_state, states_equal
 from pooch_ext.pooch import PoocH
-from pooch_ext.simulator import minimum_budget
+from pooch_ext.simulator import budget_between
 
 
 @dataclass
@@ -81,12 +81,6 @@ def refused_cleanly(build: Callable, under: Outcome) -> bool:
     untouched = run(build, lambda *a: None, None)
     return isinstance(under.error, PoochError) and under.updates == 0 and all(
         states_equal(a, b) for a, b in zip(untouched.states, under.states))
-
-
-def budget_between(profile: Any, fraction: float) -> int:
-    """A budget ``fraction`` of the way from the minimum any plan reaches to the in-core need."""
-    floor = minimum_budget(profile)
-    return int(floor + fraction * (profile.incore_peak_bytes - floor))
 
 
 def moved(outcome: Outcome) -> int:
