@@ -211,8 +211,9 @@ class CpuDevice:
         self.budget = None if budget is None else int(budget)
 
     def restore(self) -> None:
-        """Wait for every copy, stop the engines, stop counting allocations (the device can be
-        used again: both start again when needed)."""
+        """Wait for every copy, stop the engines, stop counting allocations, forget the overrun
+        listener (the device can be used again: engines and counting start when needed)."""
+        self.on_overrun = None
         if self._engines is not None:
             for engine in self._engines:
                 engine.drain()

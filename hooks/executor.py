@@ -57,7 +57,6 @@ class Program:
     # that earlier ops made (network inputs are new to every iteration)
     in_shapes: list[list[tuple]] = field(default_factory=list)    # per op: sorted (shape,
     # dtype) of everything it reads, parameters included
-    schedule: pd.DataFrame | None = None     # the schedule it was compiled from
 
     def __post_init__(self) -> None:
         if self.known_inputs:
@@ -119,8 +118,7 @@ def compile_program(trace: GraphTrace, profile: Profile, schedule: pd.DataFrame,
     kinds = tensors["kind"]
     sources = {int(s) for t in recomputed for s in tensors.at[t, "recompute_sources"]
                if kinds.get(int(s)) == "input"}
-    return Program(trace, actions, chains, frozenset(sources), profile.n_ops, label,
-                   schedule=schedule)
+    return Program(trace, actions, chains, frozenset(sources), profile.n_ops, label)
 
 
 @dataclass
@@ -376,8 +374,13 @@ class Executor(GraphRecorder):
             if program is not None and not self.deviation and not self.passive:
                 for action, tensor, final in program.actions.get(self._next_boundary, ()):
                     self._act(action, tensor, final)
-                    self.executed.append((self._next_boundary, action, tensor))
+                    self._log(action, tensor, self._next_boundary)
             self._next_boundary += 1
+
+    def _log(self, action: str, tensor: int, boundary: int | None = None) -> None:
+        """Note an action done to a feature map at ``boundary`` (default: the one just run)."""
+        self.executed.append((self._next_boundary - 1 if boundary is None else boundary,
+                              action, tensor))
 
     # ------------------------------------------------------------ on demand
     def _on_demand(self) -> bool:
@@ -398,8 +401,8 @@ class Executor(GraphRecorder):
                 continue
             self._swap_out(tensor)
             self._release(tensor)
-            boundary = self._next_boundary - 1
-            self.executed += [(boundary, "swap_out", tensor), (boundary, "release", tensor)]
+            self._log("swap_out", tensor)
+            self._log("release", tensor)
         self._candidates = remaining
 
     def _restore_on_demand(self, tensor: int) -> None:
@@ -409,10 +412,10 @@ class Executor(GraphRecorder):
         elif slot.state == "host":
             self._swap_in(tensor)
             self._wait(tensor)
-            self.executed.append((self._next_boundary - 1, "swap_in", tensor))
+            self._log("swap_in", tensor)
         elif slot.state == "freed":
             self._recompute(tensor)
-            self.executed.append((self._next_boundary - 1, "recompute", tensor))
+            self._log("recompute", tensor)
         else:
             return
         self._after_op.append(tensor)
@@ -660,7 +663,7 @@ class Executor(GraphRecorder):
                 self._wait(tensor)
                 self._drop(tensor, slot)
                 slot.state = "host" if slot.transfer is not None else "freed"
-                self.executed.append((index + 1, "release", tensor))
+                self._log("release", tensor, index + 1)
         self._after_op = []
         self._run_until(index + 1)
         self.device.check("backward op", index, function)

@@ -49,7 +49,7 @@ class IterationSample:
     # the device's measured peak (bytes) per op, from the end of the op before it (so the
     # actions at its boundary count) to its own end; only where the device counts allocations
     peak_bytes: dict[int, int] = field(default_factory=dict)
-    schedule: Any = None      # what it did to feature maps, as a schedule (None: passive)
+    schedule: pd.DataFrame | None = None    # what it did to feature maps (None: passive)
 
 
 class Profiler(Executor):

@@ -134,8 +134,6 @@ class PoocH:
             runtime.__exit__(exc_type, exc, tb)
         finally:
             self._closing = True
-            if getattr(self.device, "on_overrun", None) is not None:
-                self.device.on_overrun = None
             self.device.restore()
 
     # ------------------------------------------------------------ phases

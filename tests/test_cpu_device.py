@@ -104,41 +104,41 @@ def test_training_is_exact_with_slow_copies_that_poison_what_has_not_landed(poli
     assert runs.swap_ins.sum() > 0
 
 
-def test_the_counting_allocator_sees_temporaries_inside_an_op():
+@pytest.fixture
+def counting():
+    """The counting allocator, on in this context for the test (skipped where it cannot be
+    built), off again after."""
     counter = cpu_memory.counter()
     if counter is None:
         pytest.skip(f"no C compiler here: {cpu_memory.failure}")
+    was = counter.use(True)
+    try:
+        yield counter
+    finally:
+        counter.use(was)
+
+
+def test_the_counting_allocator_sees_temporaries_inside_an_op(counting):
     import chainer.functions as F
 
-    was = counter.use(True)
-    try:
-        x = np.random.rand(4, 3, 16, 16).astype(np.float32)
-        w = np.random.rand(8, 3, 3, 3).astype(np.float32)
-        counter.reset_peak()
-        before = counter.live()
-        y = F.convolution_2d(x, w, pad=1)
-        grown = counter.live() - before
-        peak = counter.peak() - before
-        assert grown >= y.array.nbytes
-        columns = x.nbytes * 9                              # im2col's buffer
-        assert peak >= grown + columns
-    finally:
-        counter.use(was)
+    x = np.random.rand(4, 3, 16, 16).astype(np.float32)
+    w = np.random.rand(8, 3, 3, 3).astype(np.float32)
+    counting.reset_peak()
+    before = counting.live()
+    y = F.convolution_2d(x, w, pad=1)
+    grown = counting.live() - before
+    peak = counting.peak() - before
+    assert grown >= y.array.nbytes
+    columns = x.nbytes * 9                              # im2col's buffer
+    assert peak >= grown + columns
 
 
-def test_memory_counted_in_another_thread_is_not_device_memory():
-    counter = cpu_memory.counter()
-    if counter is None:
-        pytest.skip(f"no C compiler here: {cpu_memory.failure}")
-    was = counter.use(True)
-    try:
-        before = counter.live()
-        kept = []
-        worker = threading.Thread(target=lambda: kept.append(np.ones(10**5)))
-        worker.start()
-        worker.join()
-        assert counter.live() == before                     # a thread's own context
-        here = np.ones(10**5)
-        assert counter.live() - before >= here.nbytes
-    finally:
-        counter.use(was)
+def test_memory_counted_in_another_thread_is_not_device_memory(counting):
+    before = counting.live()
+    kept = []
+    worker = threading.Thread(target=lambda: kept.append(np.ones(10**5)))
+    worker.start()
+    worker.join()
+    assert counting.live() == before                     # a thread's own context
+    here = np.ones(10**5)
+    assert counting.live() - before >= here.nbytes
