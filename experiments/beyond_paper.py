@@ -166,7 +166,7 @@ def bandwidth(gbps: list[float], cases=BANDWIDTH_CASES,
     for gpu, batch, g in tqdm(jobs, desc="bandwidth", unit="link", leave=False):
         p = common.profile("resnet50", batch, None, gpu)
         link = Link(f"{g:g}GB/s", g * GB, g * GB)
-        ratio = g * GB * common.incore_time_s(p) / p.feature_map_bytes
+        ratio = g * GB * p.incore_time_s / p.feature_map_bytes
         for policy in ("superneurons", "pooch"):
             rows.append(common.run(p, policy, link, budget, gbps=g, link_compute_ratio=ratio)[1])
     table = common.with_relative(pd.DataFrame(rows))

@@ -85,7 +85,7 @@ def row(p: Profile, plan: Plan, link: str | Link, budget: str | int | None = Non
            "incore_peak_bytes": p.incore_peak_bytes, "minimum_bytes": minimum_budget(p),
            "policy": plan.policy, "feasible": bool(plan.feasible), "iteration_time_s": t,
            "samples_per_s": batch / t if plan.feasible and t and math.isfinite(t) else math.nan,
-           "incore_unlimited_samples_per_s": batch / incore_time_s(p),
+           "incore_unlimited_samples_per_s": batch / p.incore_time_s,
            "peak_bytes": plan.peak_bytes, **plan.counts,
            "classify_seconds": plan.classify_seconds, "reason": plan.reason}
     out.update(extra)
@@ -97,11 +97,6 @@ def run(p: Profile, policy: str, link: str | Link, budget: str | int | None = No
     """Classify and simulate; the plan and its row."""
     plan = classify(p, policy, link, budget)
     return plan, row(p, plan, link, budget, **extra)
-
-
-def incore_time_s(p: Profile) -> float:
-    """In-core iteration time without a memory limit: every op back to back (no transfers)."""
-    return float(p.ops["duration_s"].sum())
 
 
 def with_relative(table: pd.DataFrame) -> pd.DataFrame:

@@ -56,7 +56,7 @@ def measure(cases: list[tuple[str, int]], links: list[str],
     keys = list(zip(table.model, table.link))
     table["speedup"] = np.where(table.feasible, [base[k] for k in keys] / table.iteration_time_s,
                                 np.nan)
-    table["incore_speedup"] = [base[k] / common.incore_time_s(common.profile(m, b))
+    table["incore_speedup"] = [base[k] / common.profile(m, b).incore_time_s
                                for k, m, b in zip(keys, table.model, table.batch)]
     return table
 

@@ -50,6 +50,9 @@ class IterationSample:
     # actions at its boundary count) to its own end; only where the device counts allocations
     peak_bytes: dict[int, int] = field(default_factory=dict)
     schedule: pd.DataFrame | None = None    # what it did to feature maps (None: passive)
+    # host seconds between the op before's end and this op's start (wall-clock timers only):
+    # Chainer's and the model's Python between functions, PoocH's hooks and actions
+    gap_s: dict[int, float] = field(default_factory=dict)
 
 
 class Profiler(Executor):
@@ -223,6 +226,8 @@ class Profiler(Executor):
         sample.forward_s = {k: t.seconds() for k, t in self._fwd_timers.items()}
         sample.backward_s = {k: t.seconds() for k, (_, t) in self._bwd_timers.items()}
         sample.saved_bytes = dict(self._saved)
+        sample.gap_s = _gaps([(k, t) for k, t in self._fwd_timers.items()] +
+                             [(j, t) for j, t in self._bwd_timers.values()])
         sample.scratch = (dict(self._scratch) if getattr(self.device, "counter", None) is not None
                           else scratch_bytes(self.log.events))
         for tensor, transfer in self.stats.transfers:
@@ -313,6 +318,39 @@ def unmodelled_bytes(profile: Profile, samples: list[IterationSample]) -> dict[i
     return {op: nbytes for op, nbytes in excess.items() if nbytes > 0}
 
 
+def _gaps(timers: list[tuple[int, Any]]) -> dict[int, float]:
+    """Per op window, the wall time since the window that ended before it started (none for
+    the first: what precedes it is the loop's, not the iteration's); {} for device timers."""
+    if not timers or not hasattr(timers[0][1], "start_t"):
+        return {}
+    ordered = sorted(timers, key=lambda item: item[1].start_t)
+    return {window: max(0.0, timer.start_t - before.end_t)
+            for (_, before), (window, timer) in zip(ordered, ordered[1:])}
+
+
+# actions that make compute wait (a swap-out's copy to land, a swap-in, a recomputation):
+# the simulator has their time already, so a gap holding one is not the runtime's own cost
+BLOCKING = frozenset({"release", "wait", "recompute"})
+
+
+def runtime_seconds(samples: list[IterationSample], n_fwd: int) -> dict[int, float]:
+    """Per op, the host time between ops that the op windows miss (Python in Chainer and the
+    model, PoocH's hooks, issuing copies): the median gap before it over the samples where
+    its boundary blocked on nothing, else the median such gap of its phase. On a CPU this is
+    compute time like any other (on a GPU the host runs ahead: no wall-clock gaps there)."""
+    clean: dict[int, list[float]] = {}
+    for sample in samples:
+        blocked = set() if sample.schedule is None else set(
+            sample.schedule.boundary[sample.schedule.action.isin(BLOCKING)].tolist())
+        for op, seconds in sample.gap_s.items():
+            if op not in blocked:
+                clean.setdefault(op, []).append(seconds)
+    ops = {op for sample in samples for op in sample.gap_s}
+    phase = {forward: _median([v for op, vs in clean.items() for v in vs
+                               if (op < n_fwd) == forward]) for forward in (True, False)}
+    return {op: _median(clean[op]) if op in clean else phase[op < n_fwd] for op in ops}
+
+
 def _median(values: list[float]) -> float:
     return float(statistics.median(values)) if values else 0.0
 
@@ -332,6 +370,7 @@ def build_profile(samples: list[IterationSample], device: Device, link: Link, re
     bwd_index = {k: n_fwd + j for j, k in enumerate(trace.backward_order)}
 
     unmodelled: dict[int, int] = {}      # op -> measured bytes the graph model lacks
+    between = runtime_seconds(use, n_fwd)
 
     def cost(_trace: GraphTrace, op: Any) -> dict:
         k = op.index
@@ -370,4 +409,6 @@ def build_profile(samples: list[IterationSample], device: Device, link: Link, re
             values = [(_median(measured[t]) if t in measured else v)
                       for t, v in zip(tensors["tensor"], tensors[column])]
             tensors[column] = np.asarray(values, float)
+    if between:
+        profile.ops["runtime_s"] = [between.get(int(op), 0.0) for op in profile.ops["op"]]
     return profile

@@ -411,7 +411,7 @@ class PoocH:
         """One line: what was decided, what it is predicted to cost."""
         plan, profile = self.plan, self.profile
         counts = plan.counts
-        incore_s = float(profile.ops.duration_s.sum())
+        incore_s = profile.incore_time_s
         return (f"{plan.policy} plan for {profile.meta.get('model', 'the model')}: "
                 f"keep {counts['keep']} / swap {counts['swap']} / recompute {counts['recompute']} "
                 f"feature maps; predicted {plan.iteration_time_s * 1e3:.1f} ms per iteration "

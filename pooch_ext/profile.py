@@ -15,7 +15,11 @@ ops (one row per op, in execution order; ``op`` equals the row position)
     outputs       list  activation tensors the op creates (forward ops; [] for backward)
     needs         list  tensors that must be on the device while the op runs: a forward
                         op's inputs; for a backward op, the tensors its forward op retained
-    transient_bytes int scratch memory allocated and freed inside the op (im2col buffer, ...)
+    transient_bytes int scratch memory allocated and freed inside the op (im2col buffer, ...);
+                        in measured profiles also the bytes the graph model misses there
+    runtime_s     float host seconds around the op beyond its compute (Python between
+                        functions, PoocH's hooks, issuing copies), measured on the CPU device;
+                        0 in analytic and GPU profiles (optional column)
 
 tensors (activations only; parameters are resident and not listed)
     tensor        int   id: creation order in the iteration, stable for a static graph
@@ -109,6 +113,11 @@ def _parse_held(value: Any) -> int:
     return -1 if _missing(value) else _parse_int(value)
 
 
+def _parse_runtime(value: Any) -> float:
+    """runtime_s: 0 where missing (analytic profiles, folders saved before it existed)."""
+    return 0.0 if _missing(value) else _parse_float(value)
+
+
 def _parse_float(value: Any) -> float:
     if isinstance(value, (bool, np.bool_)):
         raise ValueError("a boolean is not a number")
@@ -170,6 +179,7 @@ OPS_COLUMNS = (
     Column("outputs", _parse_int_list, _format_int_list),
     Column("needs", _parse_int_list, _format_int_list),
     Column("transient_bytes", _parse_int),
+    Column("runtime_s", _parse_runtime, optional=True),
 )
 TENSORS_COLUMNS = (
     Column("tensor", _parse_int), Column("producer", _parse_int), Column("output_index", _parse_int),
@@ -192,7 +202,7 @@ MEMORY_COLUMNS = (
 TABLES = {"ops": OPS_COLUMNS, "tensors": TENSORS_COLUMNS, "memory": MEMORY_COLUMNS}
 SCALAR_TYPES = {_parse_int: "int64", _parse_float: "float64", _parse_bool: bool}
 EXPECTED = {_parse_int: "an integer", _parse_held: "an integer", _parse_float: "a number",
-            _parse_bool: "true or false", _parse_int_list: "integers separated by spaces",
+            _parse_bool: "true or false", _parse_runtime: "a number", _parse_int_list: "integers separated by spaces",
             _parse_shape: "a shape such as 2x3x4"}
 
 
@@ -305,6 +315,16 @@ class Profile:
         signed = np.where(self.memory["kind"].to_numpy() == "malloc", 1, -1)
         return self.resident_bytes + np.cumsum(signed * self.memory["bytes"].to_numpy(np.int64))
 
+    def op_seconds(self) -> np.ndarray:
+        """Seconds each op takes in an iteration: its compute (``duration_s``) plus the runtime
+        around it (``runtime_s``: Python between functions, hooks, issuing copies)."""
+        return self.ops["duration_s"].to_numpy(float) + self.ops["runtime_s"].to_numpy(float)
+
+    @property
+    def incore_time_s(self) -> float:
+        """An all-keep iteration's seconds: every op once, nothing waited for."""
+        return float(self.op_seconds().sum())
+
     @property
     def incore_peak_bytes(self) -> int:
         """Peak device memory of an all-keep run: what plain in-core training needs."""
@@ -328,9 +348,9 @@ class Profile:
             "feature_map_bytes": self.feature_map_bytes,
             "resident_bytes": self.resident_bytes,
             "incore_peak_bytes": self.incore_peak_bytes,
-            "forward_s": float(self.forward_ops.duration_s.sum()),
-            "backward_s": float(self.backward_ops.duration_s.sum()),
-            "iteration_s": float(self.ops.duration_s.sum()),
+            "forward_s": float(self.op_seconds()[self.ops.phase.to_numpy() == "forward"].sum()),
+            "backward_s": float(self.op_seconds()[self.ops.phase.to_numpy() == "backward"].sum()),
+            "iteration_s": self.incore_time_s,
         }
 
     def with_link(self, link: Link) -> "Profile":

@@ -84,7 +84,7 @@ def _cells(ops: pd.DataFrame, tensors: pd.DataFrame, memory: pd.DataFrame) -> li
 
     p = _Problems()
     n = len(ops)
-    for table, frame, columns in (("ops", ops, ("duration_s",)),
+    for table, frame, columns in (("ops", ops, ("duration_s", "runtime_s")),
                                   ("tensors", tensors, ("swap_out_s", "swap_in_s", "recompute_s"))):
         for column in columns:
             v = frame[column].to_numpy(float)

@@ -133,7 +133,7 @@ def _compile(profile: Profile, link: Link | None) -> SimModel:
     base_level = profile.resident_bytes + np.r_[0, np.cumsum(delta[:n])]
 
     names = list(ops["name"])
-    durations = ops["duration_s"].to_numpy(float)
+    durations = profile.op_seconds()      # recomputation replays duration_s alone (rc_s)
     nbytes = fms["bytes"].to_numpy(np.int64)
     if link is None:
         so_s, si_s = fms["swap_out_s"].to_numpy(float), fms["swap_in_s"].to_numpy(float)

@@ -9,8 +9,6 @@ statistics, optimizer state and every loss must equal plain Chainer's exactly.
 from __future__ import annotations
 
 import numpy as np
-
-from conftest import tracked_device
 import pytest
 
 from pooch_ext.hooks.training import (BranchyNet, make_optimizer, model_state, states_equal,
@@ -18,6 +16,7 @@ from pooch_ext.hooks.training import (BranchyNet, make_optimizer, model_state, s
 from pooch_ext.plan import Plan
 from pooch_ext.profile import Profile
 from pooch_ext.simulator import budget_between, schedule_memory, simulate
+from conftest import tracked_device
 
 ITERS, PROFILE_ITERS = 6, 3
 

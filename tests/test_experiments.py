@@ -200,3 +200,5 @@ def test_fidelity_quick_compares_predictions_with_measurements(tmp_path, capsys)
     assert ((frame.predicted_peak - frame.measured_peak).abs() <= 0.05 * frame.measured_peak).all()
     assert (tmp_path / "fidelity.png").stat().st_size > 0
     assert "measured peak above the budget: 0 runs" in capsys.readouterr().out
+    assert fidelity.main(["--report", "--out", str(tmp_path)]) == 0     # from the CSV alone
+    assert "2 of 2 runs planned and ran" in capsys.readouterr().out

@@ -4,8 +4,6 @@ from __future__ import annotations
 import json
 
 import numpy as np
-
-from conftest import tracked_device
 import pytest
 
 import pooch_ext  # noqa: F401
@@ -20,6 +18,7 @@ from pooch_ext.hooks.training import (BranchyNet, make_optimizer, model_state, s
                                       synthetic_batches, train)
 from pooch_ext.pooch import PoocH
 from pooch_ext.simulator import minimum_budget
+from conftest import tracked_device
 
 SHAPE = (3, 16, 16)
 

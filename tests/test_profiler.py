@@ -2,8 +2,6 @@
 from __future__ import annotations
 
 import numpy as np
-
-from conftest import tracked_device
 import pytest
 
 from pooch_ext.errors import ProfileError
@@ -12,8 +10,10 @@ from pooch_ext.hooks.graph import GraphRecorder
 from pooch_ext.hooks.profiler import IterationSample, build_profile, fit_link
 from pooch_ext.hooks.training import BranchyNet, make_optimizer, synthetic_batches, train
 from pooch_ext.links import get_link
+from pooch_ext.policies import get_policy
 from pooch_ext.profile import Device, Profile
 from pooch_ext.simulator import minimum_budget
+from conftest import tracked_device
 
 
 def _profiled(budget=None, iters=3, batch=4):
@@ -74,6 +74,21 @@ def test_cpu_swap_times_are_the_copy_engines_and_the_profile_round_trips(profile
     assert Profile.load(profile.save(tmp_path / "p")) == profile
 
 
+def test_the_runtime_between_ops_is_in_the_profile_and_the_simulated_time(profiled):
+    profile = profiled[0].profile
+    runtime = profile.ops.runtime_s
+    assert (runtime >= 0).all() and runtime.iloc[1:].gt(0).sum() > len(runtime) // 2
+    compute = float(profile.ops.duration_s.sum())
+    assert profile.incore_time_s == pytest.approx(compute + float(runtime.sum()))
+    plan = get_policy("in-core").classify(profile, None, None)
+    assert plan.iteration_time_s == pytest.approx(profile.incore_time_s)
+    # recomputation replays the functions alone: its time is the compute of its chain
+    fms = profile.feature_maps
+    durations = profile.ops.set_index("op").duration_s
+    assert all(r == pytest.approx(sum(durations[k] for k in chain))
+               for r, chain in zip(fms.recompute_s, fms.recompute_ops))
+
+
 def test_profiling_runs_all_swapped_so_a_network_over_budget_can_be_profiled(profiled):
     full = profiled[0].profile
     budget = (minimum_budget(full) + full.incore_peak_bytes) // 2
@@ -105,3 +120,34 @@ def test_build_profile_refuses_samples_of_different_graphs():
         build_profile(mixed, Device("x", 1 << 30, "host-sim"), get_link("pcie3"), 0)
     with pytest.raises(ProfileError, match="no profiled iteration"):
         build_profile([], Device("x", 1 << 30, "host-sim"), get_link("pcie3"), 0)
+
+
+def test_runtime_between_ops_is_measured_per_op_without_blocking_waits():
+    """The host time between op windows goes into the op after it; a gap that held a
+    blocking action (its time is a simulated stall) is replaced by its phase's median."""
+    import pandas as pd
+
+    from pooch_ext.hooks.profiler import IterationSample, runtime_seconds, _gaps
+    from pooch_ext.hooks.device import WallTimer
+
+    timers = []
+    for window, (start, end) in enumerate([(0.0, 1.0), (1.5, 2.0), (2.25, 3.0), (3.0, 4.0)]):
+        timer = WallTimer()
+        timer.start_t, timer.end_t = start, end
+        timers.append((window, timer))
+    assert _gaps(list(reversed(timers))) == {1: 0.5, 2: 0.25, 3: 0.0}   # by start, not by key
+
+    def sample(gaps, blocked):
+        s = IterationSample(1, None)
+        s.gap_s = gaps
+        s.schedule = pd.DataFrame({"boundary": [b for b in blocked], "order": range(len(blocked)),
+                                   "action": ["release"] * len(blocked),
+                                   "tensor": [0] * len(blocked)})
+        return s
+
+    samples = [sample({1: 0.1, 2: 0.2, 3: 9.0, 5: 0.4}, blocked=[3]),
+               sample({1: 0.3, 2: 0.2, 3: 8.0, 5: 0.6}, blocked=[3])]
+    between = runtime_seconds(samples, n_fwd=4)
+    assert between[1] == pytest.approx(0.2) and between[2] == pytest.approx(0.2)
+    assert between[3] == pytest.approx(0.2)          # blocked every time: the forward median
+    assert between[5] == pytest.approx(0.5)          # backward ops have their own phase

@@ -10,8 +10,6 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
-
-from conftest import tracked_device
 import pytest
 
 import pooch_ext  # noqa: F401
@@ -24,6 +22,7 @@ from pooch_ext.hooks.device import grad_of
 from pooch_ext.hooks.training import BranchyNet, make_optimizer, model_state, states_equal
 from pooch_ext.pooch import PoocH
 from pooch_ext.simulator import budget_between
+from conftest import tracked_device
 
 
 @dataclass

@@ -255,7 +255,7 @@ def one_run(backend: Backend, setup: Setup, profile, runs: Table, clock: Clock,
                       error="deadline"))
         return None
     clock.log(f"run {label}")
-    predicted = (float(profile.ops.duration_s.sum()), float(profile.incore_peak_bytes))
+    predicted = (profile.incore_time_s, float(profile.incore_peak_bytes))
     outcome = run(backend, setup, policy=policy, budget=budget, link=link, throttle=throttle,
                   fraction=fraction, incore_need=need, reference=reference,
                   predicted=predicted if policy is None else None, log=clock.log)

@@ -53,7 +53,7 @@ def summary(profile: Profile, plan: Plan) -> dict:
         "feasible": bool(plan.feasible),
         "reason": plan.reason,
         "iteration_time_s": float(plan.iteration_time_s),
-        "incore_time_s": float(profile.ops.duration_s.sum()),
+        "incore_time_s": profile.incore_time_s,
         "peak_bytes": int(plan.peak_bytes),
         "minimum_budget_bytes": int(minimum_budget(profile)),
         "host_peak_bytes": int(plan.host_peak_bytes),
