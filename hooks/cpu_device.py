@@ -17,7 +17,9 @@
   resident bytes (parameters, gradients, optimizer state: ``note_resident``) plus the counted
   bytes that are not resident; the peak comes from the allocator, so a peak inside an op is
   seen too. The budget is enforced on that, naming the op. Without a C compiler the device
-  falls back to counting the arrays the graph holds (``memory_source`` says which).
+  falls back to counting the arrays the graph holds (``memory_source`` says which). Arrays
+  made before the device began are never counted: a batch taken straight from a dataset
+  loaded up front is measured as no device bytes, where the plan (like a GPU) holds it.
 * **Host memory.** Swapped maps live in host buffers of exactly their size, reused by size
   (no power-of-two rounding) and never counted as device memory; ``host_bytes`` is what they
   hold now and ``host_peak`` the most at once.

@@ -70,6 +70,20 @@ class OpRecord:
     retain_outputs: list[int]  # positions in ``outputs`` retained for backward
     differentiable: list[int]  # positions in ``inputs`` that require grad
     attrs: dict[str, Any]      # scalar attributes of the function node (stride, pad, ...)
+    param_ids: list[int] = field(default_factory=list)   # GraphTrace.params, as ``params``
+
+
+@dataclass
+class ParamRecord:
+    """A parameter the iteration's ops read, and whether its gradient existed when forward
+    first read it and when backward began: a loop that clears gradients between the two
+    (``optimizer.update(lossfun)``, ``cleargrads()`` before ``backward()``) holds them in
+    forward but not at the start of backward, where each is made again by the first backward
+    op that reads the parameter."""
+
+    nbytes: int
+    grad_in_forward: bool
+    grad_in_backward: bool = False
 
 
 @dataclass
@@ -79,6 +93,7 @@ class GraphTrace:
     tensors: list[TensorRecord] = field(default_factory=list)
     ops: list[OpRecord] = field(default_factory=list)
     backward_order: list[int] = field(default_factory=list)   # the first backward pass
+    params: list[ParamRecord] = field(default_factory=list)   # in the order ops first read them
     passes: int = 0                 # backward passes that ran over this iteration's graph
     revisited: set[int] = field(default_factory=set)   # forward ops later passes ran again
     tail_ops: int = 0               # forward ops run after the first pass on this graph
@@ -292,6 +307,7 @@ class GraphRecorder(chainer.FunctionHook):
         self._position = -1                         # the op running or last started
         self._watch: list[weakref.ref] = []         # weakrefs whose callbacks measure holding
         self._node_death: list[list] = []           # [OpRecord, op at which its node died or -2]
+        self._params: dict[int, tuple[int, weakref.ref]] = {}   # id(Parameter) -> (index, ref)
 
     # ------------------------------------------------------------ context
     def __enter__(self) -> "GraphRecorder":
@@ -396,8 +412,10 @@ class GraphRecorder(chainer.FunctionHook):
             self.trace.revisited.add(k)
             self.on_revisit_begin(k, function)
             return
-        if not self.trace.backward_order and not self._pass_depth:
-            self._expected_backward = self._count_backward_ops(function)
+        if not self.trace.backward_order:
+            self._note_gradients_at_backward()
+            if not self._pass_depth:
+                self._expected_backward = self._count_backward_ops(function)
         self._visited.add(k)
         self.trace.backward_order.append(k)
         self._position = self._backward_index()
@@ -573,6 +591,7 @@ class GraphRecorder(chainer.FunctionHook):
         self._position = -1
         self._watch = []
         self._node_death = []
+        self._params = {}
         self.on_iteration_start()
 
     def _end_iteration(self) -> None:
@@ -672,6 +691,25 @@ class GraphRecorder(chainer.FunctionHook):
         self.nodes[tid] = weakref.ref(node)
         return tid
 
+    def _param_index(self, param: chainer.Parameter) -> int:
+        """``param``'s place in ``trace.params``, recorded with its gradient's presence the
+        first time an op of this iteration reads it."""
+        known = self._params.get(id(param))
+        if known is not None and known[1]() is param:
+            return known[0]
+        index = len(self.trace.params)
+        self.trace.params.append(ParamRecord(int(param.array.nbytes) if param.array is not None
+                                             else 0, param.grad_var is not None))
+        self._params[id(param)] = (index, weakref.ref(param))
+        return index
+
+    def _note_gradients_at_backward(self) -> None:
+        """As the first backward pass starts: which parameters still hold a gradient."""
+        for index, ref in self._params.values():
+            param = ref()
+            self.trace.params[index].grad_in_backward = (param is not None
+                                                         and param.grad_var is not None)
+
     def _resolve(self) -> None:
         """Finish recording the pending op now that Chainer has wired its inputs and outputs."""
         if self._pending is None:
@@ -685,11 +723,12 @@ class GraphRecorder(chainer.FunctionHook):
                 if variable is not None:
                     self.register_array(variable._data[0], TAIL)
             return
-        inputs, params, positions, differentiable = [], [], {}, []
+        inputs, params, positions, differentiable, param_ids = [], [], {}, [], []
         for position, node in enumerate(function.inputs):
             variable = node.get_variable_or_none()
             if isinstance(variable, chainer.Parameter):
                 params.append((tuple(node.shape), str(node.dtype)))
+                param_ids.append(self._param_index(variable))
                 continue
             known = getattr(node, _TAG, None)
             if known is None or known[0] is not self._serial:
@@ -720,7 +759,7 @@ class GraphRecorder(chainer.FunctionHook):
 
         record = OpRecord(index, type(function).__name__, self._labels[index], inputs, outputs,
                           params, retained_in, retained_out, differentiable,
-                          _scalar_attrs(function) if self.record_attrs else {})
+                          _scalar_attrs(function) if self.record_attrs else {}, param_ids)
         self.trace.ops.append(record)
         if retained_in or retained_out:       # for a backward this pass may never run
             self._watch_node(function, record)

@@ -355,6 +355,27 @@ def _median(values: list[float]) -> float:
     return float(statistics.median(values)) if values else 0.0
 
 
+def cleared_gradients(trace: GraphTrace, samples: list[IterationSample]
+                      ) -> list[tuple[int, list[int], bool]]:
+    """(bytes, forward ops reading it, held in forward) of each parameter gradient that no
+    sample still held as backward began: the loop cleared it, so it is not resident (measured:
+    an LSTM's recurrent weights' gradients are 20% of its peak, absent until their first
+    backward op). A gradient held at any sample's backward, or of a parameter some sample read
+    differently, stays resident: never less memory than the model had before."""
+    readers: dict[int, list[int]] = {}
+    for op in trace.ops:
+        for p in op.param_ids:
+            readers.setdefault(p, []).append(op.index)
+    cleared = []
+    for p, ops in sorted(readers.items()):
+        records = [s.trace.params[p] for s in samples if p < len(s.trace.params)]
+        if len(records) != len(samples) or any(r.nbytes != records[0].nbytes or r.grad_in_backward
+                                               for r in records):
+            continue
+        cleared.append((records[0].nbytes, ops, any(r.grad_in_forward for r in records)))
+    return cleared
+
+
 def build_profile(samples: list[IterationSample], device: Device, link: Link, resident: int,
                   meta: dict | None = None, measured_swaps: bool = True) -> Profile:
     """The measured Profile of ``samples`` (all of one graph); the first is a warm-up when there
@@ -389,9 +410,16 @@ def build_profile(samples: list[IterationSample], device: Device, link: Link, re
     info["measured_iterations"] = [s.iteration for s in use]
     info["measured_at"] = time.strftime("%Y-%m-%dT%H:%M:%S")
 
+    cleared = cleared_gradients(trace, use)
+    if cleared:
+        info["cleared_gradients"] = dict(arrays=len(cleared),
+                                         bytes=sum(nbytes for nbytes, _, _ in cleared))
+
     def build() -> Profile:
         builder = trace.to_builder(device, link, cost, info)
-        builder.resident(resident)
+        builder.resident(resident - sum(nbytes for nbytes, _, _ in cleared))
+        for nbytes, readers, in_forward in cleared:
+            builder.parameter_gradient(nbytes, readers, in_forward)
         return builder.build(loss=trace.loss, backward_order=trace.backward_order)
 
     profile = build()

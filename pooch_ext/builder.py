@@ -13,7 +13,10 @@ networks all follow the same rules:
   tensor, at the first backward op that produces it), its transient scratch (freed at once),
   frees the gradients of its forward op's outputs, then frees every feature map whose last
   backward use it is;
-* parameters, their gradients and optimizer state are ``resident_bytes``;
+* parameters, their gradients and optimizer state are ``resident_bytes``, except the gradients
+  a loop clears before backward (``parameter_gradient``, measured): such a gradient is held
+  from op 0 if forward still had the last iteration's, freed as forward ends, made again by
+  the first backward op of an op that reads the parameter and held to the end;
 * a tensor something outside PoocH's control holds past its last use (``hold``: measured
   from the caller's Variables and the function nodes of a real run) is freed only after
   that op; a feature map so held into backward cannot be moved at all (kind "held").
@@ -72,6 +75,7 @@ class ProfileBuilder:
     _ops: list[_Op] = field(default_factory=list)
     _resident: int = 0
     _held: dict[int, int] = field(default_factory=dict)
+    _param_grads: list[tuple[int, tuple[int, ...], bool]] = field(default_factory=list)
 
     def input(self, shape: Sequence[int], dtype: str = "float32") -> int:
         """A network input (held by the caller, never classified); returns its tensor id."""
@@ -120,6 +124,14 @@ class ProfileBuilder:
     def resident(self, nbytes: int) -> None:
         """Add bytes no policy moves (parameters, gradients, optimizer state)."""
         self._resident += int(nbytes)
+
+    def parameter_gradient(self, nbytes: int, readers: Sequence[int], in_forward: bool) -> None:
+        """A parameter gradient of ``nbytes`` that the loop clears before backward (so it is not
+        resident): made by the first backward op of the forward ops ``readers``; ``in_forward``:
+        the last iteration's is still held during forward."""
+        if any(not 0 <= k < len(self._ops) for k in readers):
+            raise ValueError(f"parameter_gradient: readers {list(readers)} are not forward ops")
+        self._param_grads.append((int(nbytes), tuple(int(k) for k in readers), bool(in_forward)))
 
     # ------------------------------------------------------------------ build
     def build(self, loss: int | None = None, backward_order: Sequence[int] | None = None,
@@ -207,6 +219,9 @@ class ProfileBuilder:
                 events.append((op, kind, nbytes, tensor, category))
 
         held_to_end = []
+        for nbytes, _, in_forward in self._param_grads:
+            if in_forward:
+                add(0, "malloc", nbytes, category="gradient")
         for t, tensor in enumerate(self._tensors):
             if tensor.is_input:
                 add(0, "malloc", self._bytes(t), t)
@@ -221,7 +236,16 @@ class ProfileBuilder:
             for t in op.outputs:
                 if kinds[t] == "intermediate" and t not in free_after:
                     held_to_end.append(t)     # nobody reads it: the caller holds it
+        if order:   # the loop clears the parameter gradients as forward ends
+            for nbytes, _, in_forward in self._param_grads:
+                if in_forward:
+                    add(len(self._ops) - 1, "free", nbytes, category="gradient")
         grad_allocated: set[int] = set()
+        param_grad_at = {}    # parameter gradient -> the backward op that makes it again
+        for g, (_, readers, _) in enumerate(self._param_grads):
+            made = [bwd_index[k] for k in readers if k in bwd_index]
+            if made:
+                param_grad_at[g] = min(made)
         if order:   # the loss gradient seeds backward
             grad_allocated.add(loss)
             add(bwd_index[order[0]], "malloc", self._bytes(loss), category="gradient")
@@ -231,6 +255,9 @@ class ProfileBuilder:
                 if t not in grad_allocated:
                     grad_allocated.add(t)
                     add(j, "malloc", self._bytes(t), category="gradient")
+            for g, at in param_grad_at.items():
+                if at == j:
+                    add(j, "malloc", self._param_grads[g][0], category="gradient")
             add(j, "malloc", op.backward_transient_bytes, category="transient")
             add(j, "free", op.backward_transient_bytes, category="transient")
             for t in op.outputs:
@@ -249,6 +276,9 @@ class ProfileBuilder:
                     or self._tensors[t].producer not in bwd_index]
         for t in leftover:
             add(last_op, "free", self._bytes(t), category="gradient")
+        for g, (nbytes, _, in_forward) in enumerate(self._param_grads):
+            if g in param_grad_at or (in_forward and not order):
+                add(last_op, "free", nbytes, category="gradient")
         return [dict(seq=i, op=op, kind=kind, bytes=b, tensor=t, category=c)
                 for i, (op, kind, b, t, c) in enumerate(sorted(events, key=lambda e: e[0]))]
 

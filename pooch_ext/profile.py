@@ -59,7 +59,11 @@ memory (device allocations in program order, attributed to ops)
   The order is the in-core (all-keep) one: a feature map is freed after its last backward
   use. Policies move feature-map frees; every other event stays where it is.
 
-resident_bytes: parameters, their gradients and optimizer state, which no policy moves.
+resident_bytes: parameters, their gradients and optimizer state, which no policy moves. A
+  measured profile leaves out the gradients the training loop clears before backward (meta
+  ``cleared_gradients``): they are "gradient" events (tensor -1) made by the first backward
+  op of an op reading the parameter, and, if forward still held the last iteration's, held
+  from op 0 to the end of forward (builder.ProfileBuilder.parameter_gradient).
 
 A Profile is checked when it is made and when it is loaded (profile_check.py): a value that
 cannot be right raises ProfileError naming the table (or file), row and column.

@@ -9,12 +9,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import chainer
 import chainer.functions as F
+import chainer.links as L
 
 from pooch_ext.hooks import cpu_memory
 from pooch_ext.hooks.cpu_device import CpuDevice
 from pooch_ext.hooks.training import synthetic_batches, train
 from pooch_ext.measure import setup_model
+from pooch_ext.pooch import PoocH
 from pooch_ext.simulator import budget_between, minimum_budget
 
 pytestmark = pytest.mark.skipif(cpu_memory.counter() is None,
@@ -82,3 +85,67 @@ def test_arrays_of_an_earlier_device_never_count():
         del fresh
     finally:
         second.restore()
+
+
+class _Recurrent(chainer.Chain):
+    """A wide input layer, then one Linear shared by 12 steps: the input layer's weight
+    gradient (1 MiB) is made by the last backward op, long after the peak at backward's start
+    when the loop clears gradients."""
+
+    def __init__(self, width: int = 256, steps: int = 12) -> None:
+        super().__init__()
+        self.steps = steps
+        with self.init_scope():
+            self.inp = L.Linear(1024, width)
+            self.cell = L.Linear(width, width)
+            self.out = L.Linear(width, 4)
+
+    def forward(self, x):
+        h = F.relu(self.inp(x))
+        for _ in range(self.steps):
+            h = F.tanh(self.cell(h))
+        return self.out(h)
+
+
+def _clear_after_forward(model, optimizer, x, t):     # what optimizer.update(lossfun) does
+    optimizer.update(lambda: F.softmax_cross_entropy(model(x), t))
+
+
+def _clear_before_forward(model, optimizer, x, t):
+    model.cleargrads()
+    F.softmax_cross_entropy(model(x), t).backward()
+    optimizer.update()
+
+
+def _zero_in_place(model, optimizer, x, t):            # gradients held all the time
+    loss = F.softmax_cross_entropy(model(x), t)
+    for param in model.params():
+        if param.grad is not None:
+            param.grad[...] = 0
+    loss.backward()
+    optimizer.update()
+
+
+@pytest.mark.parametrize("step", [_clear_after_forward, _clear_before_forward, _zero_in_place])
+def test_parameter_gradients_are_modelled_where_the_loop_holds_them(step):
+    """The plan's predicted peak is the measured one within 2% whichever way the loop clears
+    gradients (held through forward and remade in backward, made in backward only, or held
+    throughout); counted as resident throughout, the first two over-predict by 6%."""
+    np.random.seed(0)
+    model = _Recurrent()
+    optimizer = chainer.optimizers.MomentumSGD(0.01)
+    optimizer.setup(model)
+    rng = np.random.RandomState(1)
+    with PoocH(model, profile_iters=PROFILE_ITERS, policy="pooch", verbose=False,
+               device=CpuDevice(link="cpu")) as pooch:
+        for _ in range(ITERS):     # each batch made in the loop, as a converter makes it: a
+            x = rng.randn(64, 1024).astype(np.float32)        # dataset array made before the
+            t = rng.randint(0, 4, 64).astype(np.int32)        # device began is never counted
+            step(model, optimizer, x, t)
+    plan = pooch.plan
+    assert plan is not None and plan.feasible
+    measured = int(pooch.iterations.iloc[PROFILE_ITERS:].peak_bytes.max())
+    assert abs(plan.peak_bytes - measured) <= 0.02 * measured, (plan.peak_bytes, measured)
+    cleared = pooch.profile.meta.get("cleared_gradients", {}).get("bytes", 0)
+    params = sum(p.array.nbytes for p in model.params())
+    assert cleared == (0 if step is _zero_in_place else params)

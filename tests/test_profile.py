@@ -110,3 +110,29 @@ def test_truncated_and_inconsistent_folders(toy_profile, tmp_path):
 def test_not_a_folder(tmp_path):
     with pytest.raises(ProfileError, match="no such directory"):
         Profile.load(tmp_path / "nope")
+
+
+def test_cleared_parameter_gradients_are_events_where_the_loop_holds_them():
+    """A gradient held through forward is freed as forward ends (after the last forward op's
+    own allocations) and made again by the first backward op of an op reading the parameter;
+    one made in backward only appears there; both are held to the end."""
+    from conftest import branchy_builder
+
+    builder = branchy_builder()
+    builder.parameter_gradient(1000, [0, 3], in_forward=True)    # stem conv and branch_a
+    builder.parameter_gradient(500, [9], in_forward=False)       # the classifier
+    profile = builder.build(update_s=1e-4)
+    ops = profile.ops
+    bwd = {int(f): int(k) for k, f in zip(ops.op, ops.fwd_op) if f >= 0}
+    memory = profile.memory
+    events = memory[(memory.tensor == -1) & (memory.category == "gradient")
+                    & memory.bytes.isin([1000, 500])]
+    last_fwd, last = len(profile.forward_ops) - 1, profile.n_ops - 1
+    assert list(zip(events.op, events.kind, events.bytes)) == [
+        (0, "malloc", 1000), (last_fwd, "free", 1000), (bwd[9], "malloc", 500),
+        (bwd[3], "malloc", 1000), (last, "free", 1000), (last, "free", 500)]
+    mallocs = memory[(memory.op == last_fwd) & (memory.kind == "malloc")]
+    assert len(mallocs) and (mallocs.index < events.index[1]).all()
+    assert profile.memory_curve()[-1] == profile.resident_bytes
+    with pytest.raises(ValueError, match="not forward ops"):
+        builder.parameter_gradient(8, [99], in_forward=False)
