@@ -6,15 +6,18 @@ and the run are all real); the plan's predicted forward+backward time and peak a
 with the medians of the planned iterations' measured forward+backward time (the device's clock)
 and their measured peak (the counting allocator). Networks: small-resnet (residual CNN),
 BranchyNet (concat, BatchNorm, Dropout, pooling) and an unrolled LSTM. Budgets are fractions of
-the way from the network's minimum to its in-core need, both measured first. Links: the CPU
+the way from the network's minimum to its in-core need, both measured first. Each cell runs
+``--repeats`` times (interleaved, each run profiling and planning afresh); its figures are the
+medians over its runs, and the report gives the run-to-run spread of the measured time (an
+LSTM iteration of 40 ms varies by 10-20% between identical runs on a 2-core VM). Links: the CPU
 device's ``cpu`` preset (copies about as long as the compute, like PCIe on a GPU) and
 ``cpu-fast`` (6x faster, like NVLink). The CuPy device has no path in this script yet (no GPU
 has been lent to the project): experiments/gpu/measure.py is the GPU-side comparison.
 
     OPENBLAS_NUM_THREADS=1 python experiments/fidelity.py [--quick] [--network lstm]
-        [--out results/fidelity] [--report: print the saved CSV's report again, no runs]
+        [--repeats 3] [--out results/fidelity] [--report: print the saved CSV's report again, no runs]
 
-Writes fidelity.csv (one row per run), fidelity.png (predicted vs measured, time and peak) and
+Writes fidelity.csv (one row per run, ``repeat`` numbering a cell's runs), fidelity.png (predicted vs measured, time and peak) and
 prints the errors against the targets and the measured policy ordering per budget.
 """
 from __future__ import annotations
@@ -34,7 +37,10 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                         help="one network, one link, two policies, one budget (a smoke test)")
     parser.add_argument("--network", action="append", default=None,
                         help="only this network (repeatable): small-resnet, branchy, lstm")
-    parser.add_argument("--iters", type=int, default=4, help="planned iterations per run")
+    parser.add_argument("--iters", type=int, default=6, help="planned iterations per run")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="runs per cell (each profiles and plans afresh); a cell's figures "
+                             "are the medians over its runs")
     parser.add_argument("--profile-iters", type=int, default=3)
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--report", action="store_true",
@@ -127,9 +133,10 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"no network among {', '.join(_networks(False))} starts with "
                              f"{', '.join(args.network)}")
     n = args.profile_iters + args.iters
-    rows = []
-    bar = tqdm(total=len(nets) * len(links) * (1 + len(policies) * len(fractions)),
+    repeats = 1 if args.quick else args.repeats
+    bar = tqdm(total=len(nets) * len(links) * (1 + repeats * len(policies) * len(fractions)),
                desc="fidelity", file=sys.stderr)
+    cells = []       # (net, make, batches, link name, link, fraction, budget, minimum, in-core)
     for net, (make, make_batches) in nets.items():
         batches = make_batches(n)
         for link_name, link in links.items():
@@ -137,28 +144,33 @@ def main(argv: list[str] | None = None) -> int:
                             args.profile_iters)
             low, high = minimum_budget(probe.profile), probe.profile.incore_peak_bytes
             bar.update(1)
-            for fraction in fractions:
-                budget = budget_between(probe.profile, fraction)
-                for policy in policies:
-                    pooch, result = _run(make, batches, policy, budget, link, args.profile_iters)
-                    bar.update(1)
-                    row = dict(network=net, link=link_name, policy=policy, fraction=fraction,
-                               budget_bytes=budget, minimum_bytes=low, incore_bytes=high)
-                    plan = pooch.plan if pooch is not None else None
-                    if result.error is not None or plan is None:
-                        row.update(status=f"{type(result.error).__name__}: {result.error}"
-                                   if result.error else "no plan")
-                        rows.append(row)
-                        continue
-                    planned = pooch.iterations.iloc[args.profile_iters:]
-                    row.update(status="ok", keep=plan.counts["keep"], swap=plan.counts["swap"],
-                               recompute=plan.counts["recompute"],
-                               predicted_s=plan.iteration_time_s,
-                               measured_s=float(np.median(result.fb_seconds[args.profile_iters:])),
-                               predicted_peak=plan.peak_bytes,
-                               measured_peak=int(planned.peak_bytes.max()),
-                               overruns=len(pooch.overruns))
+            cells += [(net, make, batches, link_name, link, fraction,
+                       budget_between(probe.profile, fraction), low, high)
+                      for fraction in fractions]
+    rows = []
+    for repeat in range(repeats):       # repeats interleaved: a slow spell hits every cell
+        for net, make, batches, link_name, link, fraction, budget, low, high in cells:
+            for policy in policies:
+                pooch, result = _run(make, batches, policy, budget, link, args.profile_iters)
+                bar.update(1)
+                row = dict(network=net, link=link_name, policy=policy, fraction=fraction,
+                           repeat=repeat, budget_bytes=budget, minimum_bytes=low,
+                           incore_bytes=high)
+                plan = pooch.plan if pooch is not None else None
+                if result.error is not None or plan is None:
+                    row.update(status=f"{type(result.error).__name__}: {result.error}"
+                               if result.error else "no plan")
                     rows.append(row)
+                    continue
+                planned = pooch.iterations.iloc[args.profile_iters:]
+                row.update(status="ok", keep=plan.counts["keep"], swap=plan.counts["swap"],
+                           recompute=plan.counts["recompute"],
+                           predicted_s=plan.iteration_time_s,
+                           measured_s=float(np.median(result.fb_seconds[args.profile_iters:])),
+                           predicted_peak=plan.peak_bytes,
+                           measured_peak=int(planned.peak_bytes.max()),
+                           overruns=len(pooch.overruns))
+                rows.append(row)
     bar.close()
     frame = pd.DataFrame(rows)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -167,28 +179,54 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+KEYS = ["network", "link", "policy", "fraction"]
+
+
+def cells_of(frame):
+    """One row per cell that planned and ran in every run: the medians of its runs, the
+    budget, how many runs and the spread of their measured times (max / min - 1)."""
+    runs = frame.assign(repeat=frame["repeat"] if "repeat" in frame else 0)
+    failed = runs[runs.status != "ok"].set_index(KEYS).index
+    ok = runs[(runs.status == "ok") & ~runs.set_index(KEYS).index.isin(failed)]
+    grouped = ok.groupby(KEYS, sort=False)
+    cells = grouped[["predicted_s", "measured_s", "predicted_peak", "measured_peak"]].median()
+    cells["budget_bytes"] = grouped.budget_bytes.first()
+    cells["runs"] = grouped.size()
+    cells["spread"] = grouped.measured_s.max() / grouped.measured_s.min() - 1
+    cells = cells.reset_index()
+    cells["time_error"] = (cells.predicted_s - cells.measured_s).abs() / cells.measured_s
+    cells["peak_error"] = (cells.predicted_peak - cells.measured_peak).abs() / cells.measured_peak
+    return cells
+
+
 def report(frame, out: Path) -> None:
     """Errors against the targets, budget overruns, the measured ordering and the plot."""
-    ok = frame[frame.status == "ok"].copy()
-    ok["time_error"] = (ok.predicted_s - ok.measured_s).abs() / ok.measured_s
-    ok["peak_error"] = (ok.predicted_peak - ok.measured_peak).abs() / ok.measured_peak
+    ok = cells_of(frame)
     _plot(ok, out / "fidelity.png")
-    print(f"{len(ok)} of {len(frame)} runs planned and ran; "
-          f"{len(frame) - len(ok)} refused or failed")
-    print(f"iteration time |pred - meas| / meas: median {ok.time_error.median():.1%}, "
-          f"worst {ok.time_error.max():.1%} (targets <= 10%, <= 20%); "
-          f"{int((ok.time_error > 0.2).sum())} runs over 20%")
+    n_cells = len(frame.drop_duplicates(KEYS))
+    print(f"{n_cells} cells ({len(frame)} runs): {len(ok)} planned and ran in every run, "
+          f"{n_cells - len(ok)} refused or failed")
+    print(f"measured time's run-to-run spread per cell (max / min - 1 over "
+          f"{int(ok.runs.max()) if len(ok) else 0} runs): median {ok.spread.median():.1%}, "
+          f"worst {ok.spread.max():.1%}")
+    print(f"iteration time |pred - meas| / meas (medians over runs): median "
+          f"{ok.time_error.median():.1%}, worst {ok.time_error.max():.1%} "
+          f"(targets <= 10%, <= 20%); {int((ok.time_error > 0.2).sum())} cells over 20%")
     print(f"peak |pred - meas| / meas: median {ok.peak_error.median():.2%}, "
           f"worst {ok.peak_error.max():.2%} (target <= 5%)")
-    over = ok[ok.measured_peak > ok.budget_bytes]
-    print(f"measured peak above the budget: {len(over)} runs (target 0)")
-    print("\nmeasured (predicted) ms per iteration, per budget:")
+    runs = frame[frame.status == "ok"]
+    over = runs[runs.measured_peak > runs.budget_bytes]
+    print(f"measured peak above the budget: {len(over)} of {len(runs)} runs (target 0)")
+    print("\nmeasured (predicted) ms per iteration at the same budget; - refused:\n")
+    policies = [p for p in POLICIES if p in set(frame.policy)]
+    print("| network | link | budget | " + " | ".join(policies) + " |")
+    print("|---|---|---|" + "---|" * len(policies))
     agree = []
-    for (net, link, fraction), group in ok.groupby(["network", "link", "fraction"]):
-        cells = "  ".join(f"{r.policy} {r.measured_s * 1e3:.0f} ({r.predicted_s * 1e3:.0f})"
-                          for r in group.itertuples())
-        print(f"  {net}, {link}, {fraction:.1f}: {cells}")
+    for (net, link, fraction), group in ok.groupby(["network", "link", "fraction"], sort=False):
         by = group.set_index("policy")
+        cells = [f"{by.measured_s[p] * 1e3:.0f} ({by.predicted_s[p] * 1e3:.0f})"
+                 if p in by.index else "-" for p in policies]
+        print(f"| {net} | {link} | {fraction:.1f} | " + " | ".join(cells) + " |")
         for other in ("swap-all", "superneurons"):
             if "pooch" in by.index and other in by.index and abs(
                     by.predicted_s[other] - by.predicted_s["pooch"]) > 0.1 * by.predicted_s["pooch"]:

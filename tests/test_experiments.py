@@ -199,6 +199,23 @@ def test_fidelity_quick_compares_predictions_with_measurements(tmp_path, capsys)
     assert (frame.measured_peak <= frame.budget_bytes).all()
     assert ((frame.predicted_peak - frame.measured_peak).abs() <= 0.05 * frame.measured_peak).all()
     assert (tmp_path / "fidelity.png").stat().st_size > 0
-    assert "measured peak above the budget: 0 runs" in capsys.readouterr().out
+    assert "measured peak above the budget: 0 of 2 runs" in capsys.readouterr().out
     assert fidelity.main(["--report", "--out", str(tmp_path)]) == 0     # from the CSV alone
-    assert "2 of 2 runs planned and ran" in capsys.readouterr().out
+    assert "2 cells (2 runs): 2 planned and ran in every run" in capsys.readouterr().out
+
+
+def test_fidelity_cells_are_medians_over_their_runs_and_a_failed_run_fails_the_cell():
+    import fidelity
+
+    def run(policy, repeat, measured, status="ok"):
+        return dict(network="n", link="cpu", policy=policy, fraction=0.5, repeat=repeat,
+                    status=status, budget_bytes=100, predicted_s=1.0 + repeat,
+                    measured_s=measured, predicted_peak=90, measured_peak=80 + repeat)
+
+    frame = pd.DataFrame([run("pooch", 0, 1.0), run("pooch", 1, 4.0), run("pooch", 2, 2.0),
+                          run("sqrt-n", 0, 1.0), run("sqrt-n", 1, 1.0, status="Error: no")])
+    cells = fidelity.cells_of(frame)
+    assert list(cells.policy) == ["pooch"]
+    cell = cells.iloc[0]
+    assert (cell.predicted_s, cell.measured_s, cell.measured_peak, cell.runs) == (2.0, 2.0, 81, 3)
+    assert cell.spread == pytest.approx(3.0) and cell.time_error == 0
