@@ -6,8 +6,6 @@ map caused in the simulated timeline.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 import pandas as pd
 
@@ -15,19 +13,17 @@ from pooch_ext.plan import TABLE_COLUMNS, Plan
 from pooch_ext.profile import Profile, format_shape
 from pooch_ext.simmodel import SimModel
 
-if TYPE_CHECKING:   # the simulator imports this module
-    from pooch_ext.simulator import Timeline
 
-
-def plan_table(profile: Profile, plan: Plan, timeline: Timeline, model: SimModel) -> pd.DataFrame:
-    """The table of ``plan`` after simulation; r values already in plan.table are kept."""
+def plan_table(profile: Profile, plan: Plan, stalls: pd.DataFrame, model: SimModel) -> pd.DataFrame:
+    """The table of ``plan`` after simulation (``stalls``: the Timeline's, tensor -> stall_s);
+    r values already in plan.table are kept."""
     fms = profile.feature_maps.set_index("tensor").loc[model.tensor]
     ops = profile.ops
     producer = fms["producer"].to_numpy()
     r_known = {}
     if len(plan.table) and "r" in plan.table.columns:
         r_known = dict(zip(plan.table["tensor"].astype(int), plan.table["r"]))
-    stalls = dict(zip(timeline.stalls["tensor"], timeline.stalls["stall_s"]))
+    stalls = dict(zip(stalls["tensor"], stalls["stall_s"]))
     table = pd.DataFrame({
         "tensor": model.tensor,
         "producer": producer,

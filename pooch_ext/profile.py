@@ -81,14 +81,11 @@ import pandas as pd
 
 from pooch_ext.errors import ProfileError
 from pooch_ext.links import Link
-from pooch_ext.profile_check import MAX_BYTES, Problem, ProfileProblems, check_tables
+from pooch_ext.profile_check import (MAX_BYTES, MEMORY_CATEGORIES, MEMORY_KINDS,  # noqa: F401
+                                     PHASES, TENSOR_KINDS, Problem, ProfileProblems, check_tables)
 
 FORMAT_VERSION = 1
 HEADER_FILE = "profile.json"
-PHASES = ("forward", "backward", "update")
-TENSOR_KINDS = ("input", "feature_map", "intermediate", "held")
-MEMORY_KINDS = ("malloc", "free")
-MEMORY_CATEGORIES = ("activation", "gradient", "transient", "other")
 
 
 # ---------------------------------------------------------------- column specs

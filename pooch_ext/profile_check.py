@@ -20,6 +20,11 @@ from pooch_ext.errors import ProfileError
 
 MAX_BYTES = 1 << 53      # one cell: far beyond any device, and exact as a float
 MAX_TOTAL = 1 << 62      # all allocations together: int64 sums stay exact
+# the contract's vocabularies (profile.py re-exports them)
+PHASES = ("forward", "backward", "update")
+TENSOR_KINDS = ("input", "feature_map", "intermediate", "held")
+MEMORY_KINDS = ("malloc", "free")
+MEMORY_CATEGORIES = ("activation", "gradient", "transient", "other")
 
 
 @dataclass(frozen=True)
@@ -80,8 +85,6 @@ def _show(value: Any) -> str:
 
 
 def _cells(ops: pd.DataFrame, tensors: pd.DataFrame, memory: pd.DataFrame) -> list[Problem]:
-    from pooch_ext.profile import MEMORY_CATEGORIES, MEMORY_KINDS, PHASES, TENSOR_KINDS  # a cycle
-
     p = _Problems()
     n = len(ops)
     for table, frame, columns in (("ops", ops, ("duration_s", "runtime_s")),

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from pooch_ext.classtable import plan_table
 from pooch_ext.errors import BudgetTooSmallError, HostBudgetTooSmallError
 from pooch_ext.links import Link
 from pooch_ext.plan import Plan
@@ -104,8 +105,6 @@ def simulate(profile: Profile, plan: Plan, link: Link | str | None = None,
     ``budget`` (bytes, or a string such as "16GiB") None is the device capacity;
     ``host_budget`` (the same, 0 allowed) None is unlimited host memory.
     """
-    from pooch_ext.classtable import plan_table
-
     model = compile_profile(profile, link)
     budget_bytes = resolve_budget(profile, budget)
     host_limit = resolve_host_budget(host_budget)
@@ -124,7 +123,7 @@ def simulate(profile: Profile, plan: Plan, link: Link | str | None = None,
     if not timeline.feasible:
         plan.feasible = False
         plan.reason = plan.reason or timeline.reason
-    plan.table = plan_table(profile, plan, timeline, model)
+    plan.table = plan_table(profile, plan, timeline.stalls, model)
     return timeline
 
 

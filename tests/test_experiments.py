@@ -219,3 +219,21 @@ def test_fidelity_cells_are_medians_over_their_runs_and_a_failed_run_fails_the_c
     cell = cells.iloc[0]
     assert (cell.predicted_s, cell.measured_s, cell.measured_peak, cell.runs) == (2.0, 2.0, 81, 3)
     assert cell.spread == pytest.approx(3.0) and cell.time_error == 0
+
+
+def test_same_results_flags_changed_cells_but_not_wall_clock_seconds(tmp_path):
+    import same_results
+
+    new, old = tmp_path / "new", tmp_path / "old"
+    for folder in (new, old):
+        (folder / "x").mkdir(parents=True)
+    pd.DataFrame({"peak": [1, 2], "classify_seconds": [0.1, 0.2]}).to_csv(old / "x/a.csv",
+                                                                           index=False)
+    pd.DataFrame({"peak": [1, 2], "classify_seconds": [0.3, 0.4]}).to_csv(new / "x/a.csv",
+                                                                           index=False)
+    assert same_results.differences(new, old) == {}
+    pd.DataFrame({"peak": [1, 3], "classify_seconds": [0.3, 0.4]}).to_csv(new / "x/a.csv",
+                                                                           index=False)
+    pd.DataFrame({"t": [1]}).to_csv(new / "x/b.csv", index=False)
+    assert same_results.differences(new, old) == {"x/a.csv": "1 rows differ in peak",
+                                                  "x/b.csv": "not in the reference"}

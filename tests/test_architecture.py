@@ -1,0 +1,118 @@
+"""Rules of the layout that a change can break without any behaviour test noticing: no import
+cycles, and a planning core (profiles, simulator, policies, plans) that never imports chainer,
+so it runs, and is tested, where chainer cannot be installed."""
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = (("pooch_ext", "pooch_ext"), ("hooks", "pooch_ext.hooks"))
+PLANNING_CORE = ["errors", "units", "links", "profile_check", "profile", "plan", "builder",
+                 "recompute_rules", "costmodel", "simmodel", "schedule_check", "classtable",
+                 "simulator", "batchsim", "exact", "synthetic", "policies", "policies.search",
+                 "policies.common", "policies.pooch", "policies.superneurons",
+                 "policies.sqrt_n", "policies.vdnn_common"]
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for folder, package in PACKAGES:
+        for path in (ROOT / folder).rglob("*.py"):
+            parts = list(path.relative_to(ROOT / folder).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            found[".".join([package] + parts)] = path
+    return found
+
+
+def _imports(path: Path, known: set[str], lazy: bool) -> set[str]:
+    """Modules of ours that ``path`` imports: at module level, or anywhere with ``lazy``
+    (imports inside functions); never those under ``if TYPE_CHECKING``. The top package's
+    ``__init__`` (which every submodule import runs anyway) is not an edge."""
+    found: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.dump(child.test):
+                continue
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)) and not lazy:
+                continue
+            if isinstance(child, ast.Import):
+                found.update(alias.name for alias in child.names)
+            elif isinstance(child, ast.ImportFrom) and child.module and child.level == 0:
+                found.add(child.module)
+                found.update(f"{child.module}.{alias.name}" for alias in child.names)
+            visit(child)
+
+    visit(ast.parse(path.read_text()))
+    return {name for name in found if name in known and name != "pooch_ext"}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def strong(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                strong(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for v in graph:
+        if v not in index:
+            strong(v)
+    return cycles
+
+
+def _graph(lazy: bool, only: set[str] | None = None) -> dict[str, set[str]]:
+    modules = _modules()
+    names = set(modules) if only is None else only
+    return {name: _imports(modules[name], names, lazy) - {name} for name in names}
+
+
+def test_no_import_cycles_at_module_level():
+    assert _cycles(_graph(lazy=False)) == []
+
+
+def test_the_planning_core_has_no_cycles_even_through_imports_inside_functions():
+    core = {f"pooch_ext.{name}" for name in PLANNING_CORE}
+    assert core <= set(_modules())
+    assert _cycles(_graph(lazy=True, only=core)) == []
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_the_planning_core_never_imports_chainer():
+    from pooch_ext.policies import POLICY_NAMES
+
+    names = [f"pooch_ext.{name}" for name in PLANNING_CORE] + \
+        [f"pooch_ext.policies.{name.replace('-', '_')}" for name in POLICY_NAMES]
+    code = (f"import sys\nfor name in {names!r}:\n    __import__(name)\n"
+            "print(sorted(m for m in ('chainer', 'cupy') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=ROOT, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
