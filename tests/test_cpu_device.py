@@ -142,3 +142,34 @@ def test_memory_counted_in_another_thread_is_not_device_memory(counting):
     assert counting.live() == before                     # a thread's own context
     here = np.ones(10**5)
     assert counting.live() - before >= here.nbytes
+
+
+@pytest.mark.parametrize("measure", [True, False])
+def test_device_bytes_follow_a_map_out_and_back(measure):
+    """A map swapped out and released leaves the device's count (its host copy is host
+    memory); swapped back in, the count is what it was; discarding the host copy frees the
+    host bytes. With the allocator (``measure``) or counting tracked arrays."""
+    if measure and cpu_memory.counter() is None:
+        pytest.skip(f"no C compiler here: {cpu_memory.failure}")
+    device = CpuDevice(measure=measure)
+    try:
+        fmap = np.arange(1 << 16, dtype=np.float32)
+        device.track(fmap)
+        before = device.used_bytes()
+        assert before >= fmap.nbytes
+        transfer = device.swap_out(fmap)
+        device.finish_swap_out(transfer)
+        del fmap
+        assert device.used_bytes() == before - (1 << 18)
+        assert device.host_bytes == 1 << 18
+        back = device.swap_in(transfer)
+        device.track(back)
+        device.wait_swap_in(transfer)
+        assert device.used_bytes() == before
+        assert np.array_equal(back, np.arange(1 << 16, dtype=np.float32))
+        device.discard(transfer)
+        assert device.host_bytes == 0 and device.used_bytes() == before
+        del back
+        assert device.used_bytes() == before - (1 << 18)
+    finally:
+        device.restore()
