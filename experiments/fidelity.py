@@ -15,10 +15,12 @@ device's ``cpu`` preset (copies about as long as the compute, like PCIe on a GPU
 has been lent to the project): experiments/gpu/measure.py is the GPU-side comparison.
 
     OPENBLAS_NUM_THREADS=1 python experiments/fidelity.py [--quick] [--network lstm]
-        [--repeats 3] [--out results/fidelity] [--report: print the saved CSV's report again, no runs]
+        [--repeats 3] [--out results/fidelity]
+        [--report: print the saved CSV's report again, no runs]
 
-Writes fidelity.csv (one row per run, ``repeat`` numbering a cell's runs), fidelity.png (predicted vs measured, time and peak) and
-prints the errors against the targets and the measured policy ordering per budget.
+Writes fidelity.csv (one row per run, ``repeat`` numbering a cell's runs), fidelity.png
+(predicted vs measured, time and peak, one point per cell) and prints the errors against the
+targets and the measured policy ordering per budget.
 """
 from __future__ import annotations
 
@@ -185,9 +187,8 @@ KEYS = ["network", "link", "policy", "fraction"]
 def cells_of(frame):
     """One row per cell that planned and ran in every run: the medians of its runs, the
     budget, how many runs and the spread of their measured times (max / min - 1)."""
-    runs = frame.assign(repeat=frame["repeat"] if "repeat" in frame else 0)
-    failed = runs[runs.status != "ok"].set_index(KEYS).index
-    ok = runs[(runs.status == "ok") & ~runs.set_index(KEYS).index.isin(failed)]
+    cell = frame.set_index(KEYS).index
+    ok = frame[(frame.status == "ok") & ~cell.isin(cell[frame.status != "ok"])]
     grouped = ok.groupby(KEYS, sort=False)
     cells = grouped[["predicted_s", "measured_s", "predicted_peak", "measured_peak"]].median()
     cells["budget_bytes"] = grouped.budget_bytes.first()

@@ -241,11 +241,11 @@ class ProfileBuilder:
                 if in_forward:
                     add(len(self._ops) - 1, "free", nbytes, category="gradient")
         grad_allocated: set[int] = set()
-        param_grad_at = {}    # parameter gradient -> the backward op that makes it again
-        for g, (_, readers, _) in enumerate(self._param_grads):
+        remade: dict[int, list[int]] = {}   # backward op -> the parameter gradients it makes
+        for nbytes, readers, _ in self._param_grads:
             made = [bwd_index[k] for k in readers if k in bwd_index]
             if made:
-                param_grad_at[g] = min(made)
+                remade.setdefault(min(made), []).append(nbytes)
         if order:   # the loss gradient seeds backward
             grad_allocated.add(loss)
             add(bwd_index[order[0]], "malloc", self._bytes(loss), category="gradient")
@@ -255,9 +255,8 @@ class ProfileBuilder:
                 if t not in grad_allocated:
                     grad_allocated.add(t)
                     add(j, "malloc", self._bytes(t), category="gradient")
-            for g, at in param_grad_at.items():
-                if at == j:
-                    add(j, "malloc", self._param_grads[g][0], category="gradient")
+            for nbytes in remade.get(j, ()):
+                add(j, "malloc", nbytes, category="gradient")
             add(j, "malloc", op.backward_transient_bytes, category="transient")
             add(j, "free", op.backward_transient_bytes, category="transient")
             for t in op.outputs:
@@ -276,9 +275,11 @@ class ProfileBuilder:
                     or self._tensors[t].producer not in bwd_index]
         for t in leftover:
             add(last_op, "free", self._bytes(t), category="gradient")
-        for g, (nbytes, _, in_forward) in enumerate(self._param_grads):
-            if g in param_grad_at or (in_forward and not order):
-                add(last_op, "free", nbytes, category="gradient")
+        held_to_the_end = [nbytes for made in remade.values() for nbytes in made]
+        if not order:   # no backward: a gradient forward held was never cleared
+            held_to_the_end += [nbytes for nbytes, _, in_forward in self._param_grads if in_forward]
+        for nbytes in held_to_the_end:
+            add(last_op, "free", nbytes, category="gradient")
         return [dict(seq=i, op=op, kind=kind, bytes=b, tensor=t, category=c)
                 for i, (op, kind, b, t, c) in enumerate(sorted(events, key=lambda e: e[0]))]
 
