@@ -342,6 +342,11 @@ class CpuDevice:
         transfer.events["in_done"], transfer.events["in_took"] = done, took
         return array
 
+    def landed(self, transfer: Transfer, direction: str) -> bool:
+        """Whether the copy ``direction`` ("out" or "in") of ``transfer`` is done (no wait)."""
+        event = transfer.events.get(f"{direction}_done")
+        return event is None or event.is_set()
+
     def wait_swap_in(self, transfer: Transfer) -> None:
         """Compute waits here for the copy back to land."""
         transfer.events["in_done"].wait()

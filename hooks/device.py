@@ -314,6 +314,11 @@ class CupyDevice:
         transfer.events["in_done"] = self._event(self.h2d, timed)
         return array
 
+    def landed(self, transfer: Transfer, direction: str) -> bool:
+        """Whether the copy ``direction`` ("out" or "in") of ``transfer`` is done (no wait)."""
+        event = transfer.events.get(f"{direction}_done")
+        return event is None or bool(event.done)
+
     def wait_swap_in(self, transfer: Transfer) -> None:
         self.cupy.cuda.get_current_stream().wait_event(transfer.events["in_done"])
 

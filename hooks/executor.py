@@ -186,8 +186,9 @@ class Executor(GraphRecorder):
         self._next_boundary = 0
         self._pending_in_data: tuple | None = None
         self._after_op: list[int] = []
-        # what this iteration did to feature maps, as (boundary, action, tensor): its schedule
-        self.executed: list[tuple[int, str, int]] = []
+        # what this iteration did to feature maps: its schedule, as (boundary, action, tensor,
+        # host seconds, whether it waited for a copy); seconds NaN where not timed (on demand)
+        self.executed: list[tuple[int, str, int, float, bool]] = []
         self._queued: tuple | None = None
 
     def use(self, program: Program | None) -> None:
@@ -373,14 +374,28 @@ class Executor(GraphRecorder):
         while self._next_boundary <= boundary:
             if program is not None and not self.deviation and not self.passive:
                 for action, tensor, final in program.actions.get(self._next_boundary, ()):
+                    waits = not self._landed(action, tensor)
+                    start = time.perf_counter()
                     self._act(action, tensor, final)
-                    self._log(action, tensor, self._next_boundary)
+                    self._log(action, tensor, self._next_boundary,
+                              time.perf_counter() - start, waits)
             self._next_boundary += 1
 
-    def _log(self, action: str, tensor: int, boundary: int | None = None) -> None:
-        """Note an action done to a feature map at ``boundary`` (default: the one just run)."""
+    def _landed(self, action: str, tensor: int) -> bool:
+        """Whether ``action`` finds the copy it may wait for already landed (nothing to wait)."""
+        slot = self.slots.get(tensor)
+        if action == "release" and slot is not None and slot.transfer is not None:
+            return self.device.landed(slot.transfer, "out")
+        if action == "wait" and slot is not None and slot.state == "incoming":
+            return self.device.landed(slot.transfer, "in")
+        return True
+
+    def _log(self, action: str, tensor: int, boundary: int | None = None,
+             seconds: float = float("nan"), waited: bool = False) -> None:
+        """Note an action done to a feature map at ``boundary`` (default: the one just run),
+        with the host seconds it took when timed and whether it waited for a copy."""
         self.executed.append((self._next_boundary - 1 if boundary is None else boundary,
-                              action, tensor))
+                              action, tensor, seconds, waited))
 
     # ------------------------------------------------------------ on demand
     def _on_demand(self) -> bool:
@@ -584,7 +599,7 @@ class Executor(GraphRecorder):
         self._retained_out = {t - n_tensors: (k - n_ops, p) for t, (k, p)
                               in self._retained_out.items() if t >= n_tensors and k >= n_ops}
         self._candidates = [t - n_tensors for t in self._candidates if t >= n_tensors]
-        self.executed = [(b - n_ops, a, t - n_tensors) for b, a, t in self.executed
+        self.executed = [(b - n_ops, a, t - n_tensors, s, w) for b, a, t, s, w in self.executed
                          if t >= n_tensors and b >= n_ops]
 
     def on_unsupported(self, reason: str) -> None:

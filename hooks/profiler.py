@@ -15,6 +15,7 @@ on the CPU device) and ``link`` a fit of those copies.
 """
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -28,8 +29,10 @@ from pooch_ext.hooks.allocator import AllocationLog, cupy_memory_hook, scratch_b
 from pooch_ext.hooks.device import base_of, is_array, model_arrays
 from pooch_ext.hooks.executor import Executor
 from pooch_ext.hooks.graph import _TAG, GraphTrace
+from pooch_ext.hooks.recompute import RecomputeError, recompute
 from pooch_ext.links import Link
 from pooch_ext.profile import Device, Profile
+from pooch_ext.recompute_rules import RECOMPUTABLE
 
 
 @dataclass
@@ -52,7 +55,9 @@ class IterationSample:
     schedule: pd.DataFrame | None = None    # what it did to feature maps (None: passive)
     # host seconds between the op before's end and this op's start (wall-clock timers only):
     # Chainer's and the model's Python between functions, PoocH's hooks and actions
+    # (the profiler's own rerun timings left out)
     gap_s: dict[int, float] = field(default_factory=dict)
+    rerun_s: dict[int, float] = field(default_factory=dict)   # forward op -> its recompute
 
 
 class Profiler(Executor):
@@ -75,6 +80,7 @@ class Profiler(Executor):
         self._fwd_timers: dict[int, Any] = {}
         self._bwd_timers: dict[int, tuple[int, Any]] = {}
         self._saved: dict[int, int] = {}
+        self._rerun_timers: dict[int, Any] = {}
         self._model_ids: set[int] = set()
         self._timing: tuple[int, Any] | None = None   # (op window, timer) running now
 
@@ -144,6 +150,7 @@ class Profiler(Executor):
         self._fwd_timers = {}
         self._bwd_timers = {}
         self._saved = {}
+        self._rerun_timers = {}
         self._scratch: dict[int, int] = {}    # op window -> measured scratch bytes
         self._peaks: dict[int, int] = {}      # op window -> measured device peak
         self._gap_peak = 0
@@ -163,9 +170,35 @@ class Profiler(Executor):
         super().forward_postprocess(function, in_data)
 
     def on_forward_resolved(self, index: int, function: Any) -> None:
+        in_data = self._pending_in_data
         super().on_forward_resolved(index, function)
         if self.measuring:
             self._saved[index] = self._saved_bytes(function, index)
+            if in_data is not None:
+                self._time_rerun(index, function, in_data)
+
+    def _time_rerun(self, index: int, function: Any, in_data: tuple) -> None:
+        """Time a recomputation of this op, as the executor would run it, on the op's own
+        inputs (a BatchNormalization reapplies its stored statistics: a third of its forward).
+        What the rerun makes is dropped and the node's state put back, uncounted and unlogged:
+        the iteration goes on as if it never ran."""
+        if type(function).__name__ not in RECOMPUTABLE:
+            return
+        state = dict(vars(function))
+        timer = self.device.timer()
+        logging, self.log.enabled = self.log.enabled, False
+        try:
+            with self.device.host_side():
+                timer.start()
+                recompute(function, in_data)
+                timer.stop()
+            self._rerun_timers[index] = timer
+        except RecomputeError:
+            pass                    # not recomputable here (cuDNN BatchNorm): never rerun
+        finally:
+            self.log.enabled = logging
+            vars(function).clear()
+            vars(function).update(state)
 
     def on_backward_begin(self, index: int, fwd_index: int, function: Any) -> None:
         super().on_backward_begin(index, fwd_index, function)
@@ -206,6 +239,7 @@ class Profiler(Executor):
         self._scratch = {k - n_ops: v for k, v in self._scratch.items() if k >= n_ops}
         self._peaks = {k - n_ops: v for k, v in self._peaks.items() if k >= n_ops}
         self._saved = {k - n_ops: v for k, v in self._saved.items() if k >= n_ops}
+        self._rerun_timers = {k - n_ops: v for k, v in self._rerun_timers.items() if k >= n_ops}
         self.log.events = [(seq, op - n_ops if op >= 0 else op, kind, nbytes,
                             tensor - n_tensors if tensor >= 0 else tensor, key)
                            for seq, op, kind, nbytes, tensor, key in self.log.events
@@ -226,8 +260,9 @@ class Profiler(Executor):
         sample.forward_s = {k: t.seconds() for k, t in self._fwd_timers.items()}
         sample.backward_s = {k: t.seconds() for k, (_, t) in self._bwd_timers.items()}
         sample.saved_bytes = dict(self._saved)
+        sample.rerun_s = {k: t.seconds() for k, t in self._rerun_timers.items()}
         sample.gap_s = _gaps([(k, t) for k, t in self._fwd_timers.items()] +
-                             [(j, t) for j, t in self._bwd_timers.values()])
+                             [(j, t) for j, t in self._bwd_timers.values()], sample.rerun_s)
         sample.scratch = (dict(self._scratch) if getattr(self.device, "counter", None) is not None
                           else scratch_bytes(self.log.events))
         for tensor, transfer in self.stats.transfers:
@@ -241,7 +276,7 @@ class Profiler(Executor):
         sample.allocations = list(self.log.events)
         if getattr(self.device, "counter", None) is not None:
             sample.peak_bytes = dict(self._peaks)
-            sample.schedule = self._ran_schedule()
+        sample.schedule = self._ran_schedule()
         return sample
 
     def _ran_schedule(self) -> Any:
@@ -249,10 +284,11 @@ class Profiler(Executor):
         then plain Chainer did, unobserved)."""
         if self.passive:
             return None
-        b, a, t = zip(*self.executed) if self.executed else ((), (), ())
+        b, a, t, s, w = zip(*self.executed) if self.executed else ((),) * 5
         return pd.DataFrame({"boundary": np.asarray(b, np.int64),
                              "order": np.arange(len(b), dtype=np.int64),
-                             "action": list(a), "tensor": np.asarray(t, np.int64)})
+                             "action": list(a), "tensor": np.asarray(t, np.int64),
+                             "seconds": np.asarray(s, float), "waited": np.asarray(w, bool)})
 
     def collect(self, trace: GraphTrace) -> None:
         self.last_sample = None
@@ -318,37 +354,55 @@ def unmodelled_bytes(profile: Profile, samples: list[IterationSample]) -> dict[i
     return {op: nbytes for op, nbytes in excess.items() if nbytes > 0}
 
 
-def _gaps(timers: list[tuple[int, Any]]) -> dict[int, float]:
+def _gaps(timers: list[tuple[int, Any]], spent_after: dict[int, float] | None = None
+          ) -> dict[int, float]:
     """Per op window, the wall time since the window that ended before it started (none for
-    the first: what precedes it is the loop's, not the iteration's); {} for device timers."""
+    the first: what precedes it is the loop's, not the iteration's), less the profiler's own
+    seconds ``spent_after`` that window; {} for device timers."""
     if not timers or not hasattr(timers[0][1], "start_t"):
         return {}
+    spent_after = spent_after or {}
     ordered = sorted(timers, key=lambda item: item[1].start_t)
-    return {window: max(0.0, timer.start_t - before.end_t)
-            for (_, before), (window, timer) in zip(ordered, ordered[1:])}
-
-
-# actions that make compute wait (a swap-out's copy to land, a swap-in, a recomputation):
-# the simulator has their time already, so a gap holding one is not the runtime's own cost
-BLOCKING = frozenset({"release", "wait", "recompute"})
+    return {window: max(0.0, timer.start_t - before.end_t - spent_after.get(previous, 0.0))
+            for (previous, before), (window, timer) in zip(ordered, ordered[1:])}
 
 
 def runtime_seconds(samples: list[IterationSample], n_fwd: int) -> dict[int, float]:
-    """Per op, the host time between ops that the op windows miss (Python in Chainer and the
-    model, PoocH's hooks, issuing copies): the median gap before it over the samples where
-    its boundary blocked on nothing, else the median such gap of its phase. On a CPU this is
-    compute time like any other (on a GPU the host runs ahead: no wall-clock gaps there)."""
+    """Per op, the host time between ops that neither the op windows nor the schedule's actions
+    take (Python in Chainer and the model, PoocH's hooks): the median over the samples of the
+    gap before it less the seconds of the actions run in that gap; where an action went
+    untimed (done on demand), the median such time of its phase. On a CPU this is compute
+    time like any other (on a GPU the host runs ahead: no wall-clock gaps there)."""
     clean: dict[int, list[float]] = {}
     for sample in samples:
-        blocked = set() if sample.schedule is None else set(
-            sample.schedule.boundary[sample.schedule.action.isin(BLOCKING)].tolist())
+        acted: dict[int, float] = {}
+        if sample.schedule is not None:
+            ran = sample.schedule
+            acted = ran.groupby("boundary")["seconds"].agg(
+                lambda v: v.sum() if v.notna().all() else math.nan).to_dict()
         for op, seconds in sample.gap_s.items():
-            if op not in blocked:
-                clean.setdefault(op, []).append(seconds)
+            spent = acted.get(op, 0.0)
+            if spent == spent:          # not NaN: every action in the gap was timed
+                clean.setdefault(op, []).append(max(0.0, seconds - spent))
     ops = {op for sample in samples for op in sample.gap_s}
     phase = {forward: _median([v for op, vs in clean.items() for v in vs
                                if (op < n_fwd) == forward]) for forward in (True, False)}
     return {op: _median(clean[op]) if op in clean else phase[op < n_fwd] for op in ops}
+
+
+def action_seconds(samples: list[IterationSample]) -> dict[str, float]:
+    """Per schedule action kind, the median host seconds the executor spent on one, over the
+    timed actions that found their copy landed (a wait's length is the simulator's to
+    predict, from the copy times); {} when no sample ran a schedule on a host clock."""
+    if not any(s.gap_s for s in samples):
+        return {}           # device timers: the host's time is not the iteration's
+    ran = [s.schedule for s in samples if s.schedule is not None and len(s.schedule)]
+    if not ran:
+        return {}
+    actions = pd.concat(ran, ignore_index=True)
+    actions = actions[~actions["waited"] & actions["seconds"].notna()]
+    return {str(kind): float(seconds.median())
+            for kind, seconds in actions.groupby("action")["seconds"]}
 
 
 def _median(values: list[float]) -> float:
@@ -398,6 +452,8 @@ def build_profile(samples: list[IterationSample], device: Device, link: Link, re
         j = bwd_index.get(k, -1)
         return dict(
             duration_s=_median([s.forward_s[k] for s in use if k in s.forward_s]),
+            rerun_s=(_median([s.rerun_s[k] for s in use if k in s.rerun_s])
+                     if any(k in s.rerun_s for s in use) else None),
             backward_s=_median([s.backward_s[k] for s in use if k in s.backward_s]),
             transient_bytes=max([s.scratch.get(k, 0) for s in use]) + unmodelled.get(k, 0),
             backward_transient_bytes=(max([s.scratch.get(j, 0) for s in use])
@@ -439,4 +495,5 @@ def build_profile(samples: list[IterationSample], device: Device, link: Link, re
             tensors[column] = np.asarray(values, float)
     if between:
         profile.ops["runtime_s"] = [between.get(int(op), 0.0) for op in profile.ops["op"]]
+    profile.action_s = action_seconds(use)
     return profile

@@ -53,6 +53,7 @@ class _Op:
     backward_transient_bytes: int
     saved_bytes: int
     label: str
+    rerun_s: float                 # seconds to run it again in a recomputation
 
 
 @dataclass
@@ -88,13 +89,14 @@ class ProfileBuilder:
                 retain_inputs: Sequence[int] = (), retain_outputs: Sequence[int] = (),
                 differentiable: Sequence[int] | None = None, transient_bytes: int = 0,
                 backward_transient_bytes: int = 0, saved_bytes: int = 0,
-                label: str = "") -> list[int]:
+                label: str = "", rerun_s: float | None = None) -> list[int]:
         """Record a forward op; returns the ids of its outputs.
 
         ``inputs`` are activation tensor ids (parameters are not tensors here), ``outputs``
         (shape, dtype) pairs; ``retain_inputs`` / ``retain_outputs`` are positions of what
         the op's backward needs; ``differentiable`` are positions of inputs that get a
-        gradient (default: every input that is not a network input).
+        gradient (default: every input that is not a network input); ``rerun_s`` the time
+        to run it again in a recomputation (default: ``duration_s``).
         """
         for t in inputs:
             if not 0 <= t < len(self._tensors):
@@ -110,7 +112,8 @@ class ProfileBuilder:
         self._ops.append(_Op(name, list(inputs), ids, list(dict.fromkeys(retained)),
                              [inputs[i] for i in differentiable], float(duration_s),
                              float(backward_s), int(transient_bytes),
-                             int(backward_transient_bytes), int(saved_bytes), label))
+                             int(backward_transient_bytes), int(saved_bytes), label,
+                             float(duration_s if rerun_s is None else rerun_s)))
         return ids
 
     def hold(self, tensor: int, until_op: int) -> None:
@@ -174,7 +177,7 @@ class ProfileBuilder:
             ops_rows.append(dict(op=k, phase="forward", name=op.name, label=op.label, fwd_op=-1,
                                  duration_s=op.duration_s, inputs=op.inputs, outputs=op.outputs,
                                  needs=list(dict.fromkeys(op.inputs)),
-                                 transient_bytes=op.transient_bytes))
+                                 transient_bytes=op.transient_bytes, rerun_s=op.rerun_s))
         for f in order:
             op = self._ops[f]
             ops_rows.append(dict(op=bwd_index[f], phase="backward", name=op.name, label=op.label,
@@ -311,7 +314,7 @@ class ProfileBuilder:
                 fwd_consumers=fwd_consumers[t], bwd_consumers=bwd_consumers[t],
                 swap_out_s=self.link.swap_out_s(nbytes), swap_in_s=self.link.swap_in_s(nbytes),
                 recompute_ops=chain, recompute_sources=sources,
-                recompute_s=sum(self._ops[k].duration_s for k in chain),
+                recompute_s=sum(self._ops[k].rerun_s for k in chain),
                 can_keep=can[0], can_swap=can[1], can_recompute=can[2],
                 why_not="; ".join(why_not), held_until=held.get(t, -1)))
         return rows

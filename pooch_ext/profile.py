@@ -18,8 +18,11 @@ ops (one row per op, in execution order; ``op`` equals the row position)
     transient_bytes int scratch memory allocated and freed inside the op (im2col buffer, ...);
                         in measured profiles also the bytes the graph model misses there
     runtime_s     float host seconds around the op beyond its compute (Python between
-                        functions, PoocH's hooks, issuing copies), measured on the CPU device;
-                        0 in analytic and GPU profiles (optional column)
+                        functions, PoocH's hooks), measured on the CPU device; 0 in analytic
+                        and GPU profiles (optional column)
+    rerun_s       float seconds to run a forward op again when a recomputation rebuilds a map
+                        (measured: BatchNormalization reapplies its stored statistics in about
+                        a third of its forward time); duration_s where not measured (optional)
 
 tensors (activations only; parameters are resident and not listed)
     tensor        int   id: creation order in the iteration, stable for a static graph
@@ -41,7 +44,7 @@ tensors (activations only; parameters are resident and not listed)
     swap_in_s     float host -> device copy time on the profile's link
     recompute_ops list  forward ops to re-run to rebuild it, in order, ending with producer
     recompute_sources list tensors that chain reads and does not rebuild itself
-    recompute_s   float forward time of that chain
+    recompute_s   float time to re-run that chain (the sum of its ops' rerun_s)
     can_keep, can_swap, can_recompute  bool  which classes are allowed
     why_not       str   why the disallowed ones are not allowed ("" when all are)
     held_until    int   last op during which something outside PoocH's control (a Variable
@@ -65,6 +68,11 @@ resident_bytes: parameters, their gradients and optimizer state, which no policy
   op of an op reading the parameter, and, if forward still held the last iteration's, held
   from op 0 to the end of forward (builder.ProfileBuilder.parameter_gradient).
 
+action_s: host seconds the runtime spends on one schedule action of each kind (plan.ACTIONS),
+  beyond any wait for a copy; measured by hooks/profiler.action_seconds on the CPU device,
+  where the host's time is the iteration's. The simulator adds them where a plan acts. The
+  hooks' own cost per op is ``runtime_s`` (gaps less the actions measured in them).
+
 A Profile is checked when it is made and when it is loaded (profile_check.py): a value that
 cannot be right raises ProfileError naming the table (or file), row and column.
 """
@@ -81,6 +89,7 @@ import pandas as pd
 
 from pooch_ext.errors import ProfileError
 from pooch_ext.links import Link
+from pooch_ext.plan import ACTIONS
 from pooch_ext.profile_check import (MAX_BYTES, MEMORY_CATEGORIES, MEMORY_KINDS,  # noqa: F401
                                      PHASES, TENSOR_KINDS, Problem, ProfileProblems, check_tables)
 
@@ -117,6 +126,11 @@ def _parse_held(value: Any) -> int:
 def _parse_runtime(value: Any) -> float:
     """runtime_s: 0 where missing (analytic profiles, folders saved before it existed)."""
     return 0.0 if _missing(value) else _parse_float(value)
+
+
+def _parse_rerun(value: Any) -> float:
+    """rerun_s: NaN where missing, filled with the op's duration_s by the Profile."""
+    return math.nan if _missing(value) or value == "" else _parse_float(value)
 
 
 def _parse_float(value: Any) -> float:
@@ -181,6 +195,7 @@ OPS_COLUMNS = (
     Column("needs", _parse_int_list, _format_int_list),
     Column("transient_bytes", _parse_int),
     Column("runtime_s", _parse_runtime, optional=True),
+    Column("rerun_s", _parse_rerun, optional=True),
 )
 TENSORS_COLUMNS = (
     Column("tensor", _parse_int), Column("producer", _parse_int), Column("output_index", _parse_int),
@@ -203,7 +218,7 @@ MEMORY_COLUMNS = (
 TABLES = {"ops": OPS_COLUMNS, "tensors": TENSORS_COLUMNS, "memory": MEMORY_COLUMNS}
 SCALAR_TYPES = {_parse_int: "int64", _parse_float: "float64", _parse_bool: bool}
 EXPECTED = {_parse_int: "an integer", _parse_held: "an integer", _parse_float: "a number",
-            _parse_bool: "true or false", _parse_runtime: "a number", _parse_int_list: "integers separated by spaces",
+            _parse_bool: "true or false", _parse_runtime: "a number", _parse_rerun: "a number", _parse_int_list: "integers separated by spaces",
             _parse_shape: "a shape such as 2x3x4"}
 
 
@@ -269,6 +284,10 @@ class Profile:
     device: Device
     link: Link
     meta: dict = field(default_factory=dict)
+    # host seconds the runtime spends on one schedule action of each kind (issuing a copy,
+    # a release or wait whose copy had landed, a free), measured on the CPU device; absent
+    # kinds cost 0 (analytic and GPU profiles: there the host runs ahead of the device)
+    action_s: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         problems: list[Problem] = []
@@ -277,6 +296,7 @@ class Profile:
         self.memory = _frame("memory", self.memory, problems)
         if problems:
             raise ProfileProblems(problems)
+        self.ops["rerun_s"] = self.ops["rerun_s"].fillna(self.ops["duration_s"])
         try:
             self.resident_bytes = _parse_int(self.resident_bytes)
         except (ValueError, TypeError, OverflowError):
@@ -287,6 +307,7 @@ class Profile:
             raise ProfileError("device and link must be a profile.Device and a links.Link")
         if not isinstance(self.meta, dict):
             raise ProfileError("meta must be a dict")
+        self.action_s = _action_seconds(self.action_s)
         self.check()
 
     # ------------------------------------------------------------ views
@@ -360,7 +381,7 @@ class Profile:
         tensors["swap_out_s"] = [link.swap_out_s(b) for b in tensors["bytes"]]
         tensors["swap_in_s"] = [link.swap_in_s(b) for b in tensors["bytes"]]
         return Profile(self.ops.copy(), tensors, self.memory.copy(), self.resident_bytes,
-                       self.device, link, dict(self.meta))
+                       self.device, link, dict(self.meta), dict(self.action_s))
 
     # ------------------------------------------------------------ equality
     def __eq__(self, other: object) -> bool:
@@ -368,6 +389,7 @@ class Profile:
             return NotImplemented
         return (self.resident_bytes == other.resident_bytes and self.device == other.device
                 and self.link == other.link and self.meta == other.meta
+                and self.action_s == other.action_s
                 and all(_frames_equal(getattr(self, t), getattr(other, t)) for t in TABLES))
 
     # ------------------------------------------------------------ persistence
@@ -382,6 +404,7 @@ class Profile:
                        "kind": self.device.kind},
             "link": self.link.to_dict(),
             "meta": self.meta,
+            "action_s": self.action_s,
             "rows": {name: int(len(getattr(self, name))) for name in TABLES},
         }
         (directory / HEADER_FILE).write_text(json.dumps(header, indent=2, sort_keys=True) + "\n")
@@ -408,9 +431,11 @@ class Profile:
             raise ProfileError(f"{directory / HEADER_FILE}: field 'device'/'link': {error}") from None
         try:
             return cls(tables["ops"], tables["tensors"], tables["memory"], header["resident_bytes"],
-                       device, link, header.get("meta", {}))
+                       device, link, header.get("meta", {}), header.get("action_s", {}))
         except ProfileProblems as error:
             raise ProfileProblems(error.problems, directory) from None
+        except ProfileError as error:
+            raise ProfileError(f"{directory / HEADER_FILE}: {error}") from None
 
     # ------------------------------------------------------------ consistency
     def check(self) -> None:
@@ -423,6 +448,22 @@ class Profile:
     def validate(self) -> list[str]:
         """Every problem of the tables, each naming table, row and column; [] when sound."""
         return [problem.where() for problem in check_tables(self.ops, self.tensors, self.memory)]
+
+
+def _action_seconds(costs: object) -> dict[str, float]:
+    """``action_s`` checked: schedule actions to finite seconds >= 0."""
+    if not isinstance(costs, dict):
+        raise ProfileError("action_s must be a dict of schedule action -> seconds")
+    checked = {}
+    for action, seconds in costs.items():
+        if action not in ACTIONS:
+            raise ProfileError(f"action_s: {action!r} is not a schedule action "
+                               f"({', '.join(ACTIONS)})")
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) \
+                or not math.isfinite(seconds) or seconds < 0:
+            raise ProfileError(f"action_s[{action!r}] must be finite seconds >= 0, got {seconds!r}")
+        checked[action] = float(seconds)
+    return checked
 
 
 def _frames_equal(a: pd.DataFrame, b: pd.DataFrame) -> bool:
@@ -457,7 +498,7 @@ def _read_header(path: Path) -> dict:
                            f"this pooch-ext reads {FORMAT_VERSION}")
     if type(header["resident_bytes"]) is not int or not 0 <= header["resident_bytes"] <= MAX_BYTES:
         raise ProfileError(f"{path}: field 'resident_bytes' must be an integer in 0..{MAX_BYTES}")
-    for key in ("device", "link", "rows", "meta"):
+    for key in ("device", "link", "rows", "meta", "action_s"):
         if not isinstance(header.get(key, {}), dict):
             raise ProfileError(f"{path}: field '{key}' must be an object")
     return header

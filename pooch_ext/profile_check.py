@@ -87,7 +87,7 @@ def _show(value: Any) -> str:
 def _cells(ops: pd.DataFrame, tensors: pd.DataFrame, memory: pd.DataFrame) -> list[Problem]:
     p = _Problems()
     n = len(ops)
-    for table, frame, columns in (("ops", ops, ("duration_s", "runtime_s")),
+    for table, frame, columns in (("ops", ops, ("duration_s", "runtime_s", "rerun_s")),
                                   ("tensors", tensors, ("swap_out_s", "swap_in_s", "recompute_s"))):
         for column in columns:
             v = frame[column].to_numpy(float)
@@ -217,7 +217,8 @@ def _tensor_refs(ops: pd.DataFrame, tensors: pd.DataFrame) -> list[Problem]:
     """Producers, consumers and recompute chains agree with the ops table."""
     p: list[Problem] = []
     n = len(ops)
-    phase, outputs, duration = ops["phase"].tolist(), ops["outputs"].tolist(), ops["duration_s"].tolist()
+    phase, outputs = ops["phase"].tolist(), ops["outputs"].tolist()
+    rerun = ops["rerun_s" if "rerun_s" in ops else "duration_s"].tolist()
     inputs = [set(x) for x in ops["inputs"]]
     needs = [set(x) for x in ops["needs"]]
     known = set(tensors["tensor"].tolist())
@@ -243,7 +244,7 @@ def _tensor_refs(ops: pd.DataFrame, tensors: pd.DataFrame) -> list[Problem]:
             p.append(Problem("tensors", row, "bwd_consumers", f"op {wrong[0]} is not a backward "
                                                               f"op that needs tensor {t}"))
         p.extend(_chain_problems(row, t, made_by, kind, chain, sources, rc_s, phase, outputs,
-                                 inputs, duration, known))
+                                 inputs, rerun, known))
     listed = {(k, t) for row_bwd, t in zip(tensors["bwd_consumers"], tensors["tensor"]) for k in row_bwd}
     for k in range(n):
         if phase[k] == "backward":
@@ -256,9 +257,9 @@ def _tensor_refs(ops: pd.DataFrame, tensors: pd.DataFrame) -> list[Problem]:
 
 def _chain_problems(row: int, t: int, made_by: int, kind: str, chain: list[int],
                     sources: list[int], rc_s: float, phase: list[str], outputs: list[list[int]],
-                    inputs: list[set[int]], duration: list[float], known: set[int]) -> list[Problem]:
+                    inputs: list[set[int]], rerun: list[float], known: set[int]) -> list[Problem]:
     """A feature map's recompute chain: sorted forward ops ending with its producer, reading
-    only what the chain makes or its sources, costing the chain's forward time."""
+    only what the chain makes or its sources, costing its ops' rerun time."""
     if bool(chain) != (kind == "feature_map"):
         return [Problem("tensors", row, "recompute_ops", "must list the chain that rebuilds a "
                                                          "feature map, and only for one")]
@@ -273,9 +274,9 @@ def _chain_problems(row: int, t: int, made_by: int, kind: str, chain: list[int],
     if read - made - set(sources) or set(sources) - read:
         return [Problem("tensors", row, "recompute_sources", "are not the tensors the chain "
                                                              "reads and does not make itself")]
-    if not math.isclose(rc_s, sum(duration[k] for k in chain), rel_tol=1e-9, abs_tol=1e-12):
-        return [Problem("tensors", row, "recompute_s", f"{rc_s!r} is not the forward time of "
-                                                       "its recompute_ops")]
+    if not math.isclose(rc_s, sum(rerun[k] for k in chain), rel_tol=1e-9, abs_tol=1e-12):
+        return [Problem("tensors", row, "recompute_s", f"{rc_s!r} is not the rerun time (ops "
+                                                       "rerun_s) of its recompute_ops")]
     return []
 
 

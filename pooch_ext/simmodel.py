@@ -22,7 +22,7 @@ from __future__ import annotations
 import hashlib
 import pickle
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -68,6 +68,7 @@ class SimModel:
     why_not: list[str]
     conv_bwd: np.ndarray        # backward op indices whose forward op is a convolution
     link: Link
+    act_s: dict[str, float] = field(default_factory=dict)   # host seconds per action kind
 
     @property
     def m(self) -> int:
@@ -82,11 +83,12 @@ CACHE_SIZE = 16
 
 def fingerprint(profile: Profile, link: Link | None) -> bytes:
     """A digest of everything ``_compile`` reads: the three tables (cells included, so edits
-    in place count), resident bytes, the profile's link and ``link``."""
+    in place count), resident bytes, the action costs, the profile's link and ``link``."""
     digest = hashlib.blake2b(digest_size=20)
     for frame in (profile.ops, profile.tensors, profile.memory):
         digest.update(pickle.dumps(frame, protocol=pickle.HIGHEST_PROTOCOL))
-    digest.update(repr((profile.resident_bytes, profile.link, link)).encode())
+    digest.update(repr((profile.resident_bytes, profile.link, link,
+                        sorted(profile.action_s.items()))).encode())
     return digest.digest()
 
 
@@ -133,7 +135,7 @@ def _compile(profile: Profile, link: Link | None) -> SimModel:
     base_level = profile.resident_bytes + np.r_[0, np.cumsum(delta[:n])]
 
     names = list(ops["name"])
-    durations = profile.op_seconds()      # recomputation replays duration_s alone (rc_s)
+    durations = profile.op_seconds()      # recomputation costs rerun_s alone (rc_s)
     nbytes = fms["bytes"].to_numpy(np.int64)
     if link is None:
         so_s, si_s = fms["swap_out_s"].to_numpy(float), fms["swap_in_s"].to_numpy(float)
@@ -161,7 +163,7 @@ def _compile(profile: Profile, link: Link | None) -> SimModel:
         so_s=so_s, si_s=si_s, rc_s=fms["recompute_s"].to_numpy(float), rc_extra=rc_extra,
         src_fm=src_fm, can=fms[["can_keep", "can_swap", "can_recompute"]].to_numpy(bool),
         why_not=list(fms["why_not"]), conv_bwd=conv_bwd,
-        link=profile.link if link is None else link)
+        link=profile.link if link is None else link, act_s=dict(profile.action_s))
 
 
 def _chain_extra(profile: Profile, chain: list[int], target: int) -> int:

@@ -16,7 +16,9 @@ boundary each action happens, from its predicted times:
 * a recompute-class map is freed after its last forward use and rebuilt by its recompute
   chain right before its first backward need (its sources are needs at that point);
 * a backward op (or a recompute) waits for the swap-ins it needs; each stall is attributed
-  to the tensor it waited for.
+  to the tensor it waited for;
+* every action also costs the compute engine the host seconds the runtime spends on it
+  (``Profile.action_s``, measured on the CPU device; 0 where not measured).
 
 Memory of an op b is the level at boundary b plus the op's internal peak (its outputs,
 gradients and scratch, from the profile's events); the plan fits when that never exceeds the
@@ -292,6 +294,10 @@ def run(model: SimModel, codes: np.ndarray, timing: str = "early", budget: float
     last_fwd, first_at, end_at = model.last_fwd.tolist(), first.tolist(), end.tolist()
     unlimited = not math.isfinite(budget)
     vdnn = timing == "vdnn"
+    # the runtime's host seconds per action: compute waits while the host issues them
+    act = model.act_s
+    c_so, c_rel, c_si, c_wait, c_rc, c_free = (act.get(a, 0.0) for a in (
+        "swap_out", "release", "swap_in", "wait", "recompute", "free"))
 
     # static per-boundary actions
     so_at: dict[int, list[int]] = {}
@@ -330,8 +336,9 @@ def run(model: SimModel, codes: np.ndarray, timing: str = "early", budget: float
     blocked = (-1, -1, -1)              # (map, boundary of the peak that blocked it, releases)
 
     def release(i: int, b: int) -> None:
-        nonlocal releases
+        nonlocal releases, t
         releases += 1
+        t += c_rel
         released[i] = True
         top[b:end_at[i]] -= nbytes[i]
         level[b:end_at[i]] -= nbytes[i]
@@ -396,7 +403,8 @@ def run(model: SimModel, codes: np.ndarray, timing: str = "early", budget: float
         return False
 
     def swap_in(i: int, b: int) -> None:
-        nonlocal h2d_free
+        nonlocal h2d_free, t
+        t += c_si
         top[b:end_at[i]] += nbytes[i]
         level[b:end_at[i]] += nbytes[i]
         start = max(t, h2d_free)
@@ -407,6 +415,7 @@ def run(model: SimModel, codes: np.ndarray, timing: str = "early", budget: float
 
     def wait_for(i: int, b: int) -> None:
         nonlocal t
+        t += c_wait
         if si_done[i] > t + EPS:
             stall_h2d[i] += si_done[i] - t
             t = si_done[i]
@@ -423,7 +432,10 @@ def run(model: SimModel, codes: np.ndarray, timing: str = "early", budget: float
             rec.arrive(b, t)
             for i in free_at.get(b, ()):
                 rec.action(b, "free", i)
+        if c_free and b in free_at:
+            t += c_free * len(free_at[b])
         for i in so_at.get(b, ()):
+            t += c_so
             start = max(t, d2h_free)
             d2h_free = so_done[i] = start + so_s[i]
             inflight.append(i)
@@ -477,7 +489,7 @@ def run(model: SimModel, codes: np.ndarray, timing: str = "early", budget: float
                 wait_for(i, b)
             for i in rc_at[b]:
                 start = t
-                t += rc_s[i]
+                t += rc_s[i] + c_rc
                 if rec:
                     rec.action(b, "recompute", i)
                     rec.recompute(i, b, start, t)

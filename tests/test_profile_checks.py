@@ -114,3 +114,24 @@ def test_header_values_are_checked(toy_profile, tmp_path):
         dataclasses.replace(toy_profile.link, latency_s=math.inf)
     with pytest.raises(ValueError, match="capacity_bytes"):
         dataclasses.replace(toy_profile.device, capacity_bytes=math.nan)
+
+
+def test_action_costs_are_checked_and_saved(toy_profile, tmp_path):
+    def with_costs(costs):
+        return Profile(toy_profile.ops, toy_profile.tensors, toy_profile.memory,
+                       toy_profile.resident_bytes, toy_profile.device, toy_profile.link,
+                       action_s=costs)
+
+    with pytest.raises(ProfileError, match="'copy' is not a schedule action"):
+        with_costs({"copy": 1e-5})
+    for bad in (-1e-6, math.nan, math.inf, True, "5"):
+        with pytest.raises(ProfileError, match="finite seconds"):
+            with_costs({"swap_out": bad})
+    profile = with_costs({"swap_out": 6e-5, "free": 4e-6})
+    loaded = Profile.load(profile.save(tmp_path / "p"))
+    assert loaded == profile and loaded.action_s == {"swap_out": 6e-5, "free": 4e-6}
+    assert loaded != toy_profile                       # the costs are part of the profile
+    header = tmp_path / "p" / "profile.json"
+    header.write_text(header.read_text().replace('"free"', '"fre"'))
+    with pytest.raises(ProfileError, match="profile.json.*'fre' is not a schedule action"):
+        Profile.load(tmp_path / "p")

@@ -12,6 +12,7 @@ from pooch_ext.hooks.training import BranchyNet, make_optimizer, synthetic_batch
 from pooch_ext.links import get_link
 from pooch_ext.policies import get_policy
 from pooch_ext.profile import Device, Profile
+from pooch_ext.recompute_rules import RECOMPUTABLE
 from pooch_ext.simulator import minimum_budget
 from conftest import tracked_device
 
@@ -84,12 +85,23 @@ def test_the_runtime_between_ops_is_in_the_profile_and_the_simulated_time(profil
     compute = float(profile.ops.duration_s.sum())
     assert profile.incore_time_s == pytest.approx(compute + float(runtime.sum()))
     plan = get_policy("in-core").classify(profile, None, None)
-    assert plan.iteration_time_s == pytest.approx(profile.incore_time_s)
-    # recomputation replays the functions alone: its time is the compute of its chain
+    frees = int((plan.schedule.action == "free").sum())      # the executor's, not Chainer's
+    assert plan.iteration_time_s == pytest.approx(profile.incore_time_s
+                                                  + frees * profile.action_s.get("free", 0))
+    # the executor's actions, timed in the swap-all profiling iterations
+    assert {"swap_out", "swap_in", "free"} <= set(profile.action_s)
+    assert all(0 < seconds < 0.01 for seconds in profile.action_s.values())
+    # recomputation re-runs the functions alone, each timed once per profiled iteration: a
+    # chain costs its ops' rerun times
     fms = profile.feature_maps
-    durations = profile.ops.set_index("op").duration_s
-    assert all(r == pytest.approx(sum(durations[k] for k in chain))
+    rerun = profile.ops.set_index("op").rerun_s
+    assert all(r == pytest.approx(sum(rerun[k] for k in chain))
                for r, chain in zip(fms.recompute_s, fms.recompute_ops))
+    forward = profile.forward_ops
+    recomputable = forward[forward.name.isin(RECOMPUTABLE)]
+    assert len(recomputable) >= 8 and (recomputable.rerun_s != recomputable.duration_s).all()
+    bn = forward[forward.name == "BatchNormalization"]    # reapplies its stored statistics
+    assert len(bn) and (bn.rerun_s < bn.duration_s).all()
 
 
 def test_profiling_runs_all_swapped_so_a_network_over_budget_can_be_profiled(profiled):
@@ -125,9 +137,10 @@ def test_build_profile_refuses_samples_of_different_graphs():
         build_profile([], Device("x", 1 << 30, "host-sim"), get_link("pcie3"), 0)
 
 
-def test_runtime_between_ops_is_measured_per_op_without_blocking_waits():
-    """The host time between op windows goes into the op after it; a gap that held a
-    blocking action (its time is a simulated stall) is replaced by its phase's median."""
+def test_runtime_between_ops_is_the_gap_less_the_actions_run_in_it():
+    """The host time between op windows goes into the op after it, less the seconds the
+    schedule's actions took in that gap (the simulator charges those per action); a gap
+    holding an untimed action (done on demand) takes its phase's median."""
     import pandas as pd
 
     from pooch_ext.hooks.profiler import IterationSample, runtime_seconds, _gaps
@@ -140,17 +153,41 @@ def test_runtime_between_ops_is_measured_per_op_without_blocking_waits():
         timers.append((window, timer))
     assert _gaps(list(reversed(timers))) == {1: 0.5, 2: 0.25, 3: 0.0}   # by start, not by key
 
-    def sample(gaps, blocked):
+    def sample(gaps, actions):
         s = IterationSample(1, None)
         s.gap_s = gaps
-        s.schedule = pd.DataFrame({"boundary": [b for b in blocked], "order": range(len(blocked)),
-                                   "action": ["release"] * len(blocked),
-                                   "tensor": [0] * len(blocked)})
+        s.schedule = pd.DataFrame({"boundary": [b for b, _ in actions],
+                                   "order": range(len(actions)),
+                                   "action": ["release"] * len(actions),
+                                   "tensor": [0] * len(actions),
+                                   "seconds": [v for _, v in actions],
+                                   "waited": [v > 1 for _, v in actions]})
         return s
 
-    samples = [sample({1: 0.1, 2: 0.2, 3: 9.0, 5: 0.4}, blocked=[3]),
-               sample({1: 0.3, 2: 0.2, 3: 8.0, 5: 0.6}, blocked=[3])]
+    nan = float("nan")
+    samples = [sample({1: 0.1, 2: 0.5, 3: 9.0, 5: 0.4}, [(2, 0.25), (2, 0.05), (3, nan)]),
+               sample({1: 0.3, 2: 0.2, 3: 8.0, 5: 0.6}, [(3, 7.8)])]
     between = runtime_seconds(samples, n_fwd=4)
-    assert between[1] == pytest.approx(0.2) and between[2] == pytest.approx(0.2)
-    assert between[3] == pytest.approx(0.2)          # blocked every time: the forward median
+    assert between[1] == pytest.approx(0.2)
+    assert between[2] == pytest.approx(0.2)          # 0.5 - 0.3 and 0.2
+    assert between[3] == pytest.approx(0.2)          # 8.0 - 7.8 (the other untimed: left out)
     assert between[5] == pytest.approx(0.5)          # backward ops have their own phase
+    samples[0].schedule.loc[0, "seconds"] = nan      # only untimed in op 2's gap: median
+    assert runtime_seconds(samples[:1], n_fwd=4)[2] == pytest.approx(0.1)
+
+
+def test_action_seconds_are_medians_of_the_actions_that_did_not_wait():
+    import pandas as pd
+
+    from pooch_ext.hooks.profiler import IterationSample, action_seconds
+
+    s = IterationSample(1, None)
+    s.gap_s = {1: 0.0}
+    s.schedule = pd.DataFrame({"boundary": [1, 1, 2, 2, 3], "order": range(5),
+                               "action": ["swap_out", "swap_out", "release", "release", "free"],
+                               "tensor": [0, 1, 0, 1, 0],
+                               "seconds": [1e-4, 3e-4, 5e-6, 0.2, float("nan")],
+                               "waited": [False, False, False, True, False]})
+    assert action_seconds([s]) == pytest.approx({"swap_out": 2e-4, "release": 5e-6})
+    s.gap_s = {}                                     # device timers: not the iteration's time
+    assert action_seconds([s]) == {}

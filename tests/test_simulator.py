@@ -170,3 +170,25 @@ def test_an_edited_profile_simulates_like_a_fresh_equal_one():
                     profile.resident_bytes, profile.device, profile.link, dict(profile.meta))
     edited = run(profile, classes)[1].iteration_time_s
     assert edited == run(fresh, classes)[1].iteration_time_s > before + 5
+
+
+def test_each_action_costs_compute_its_measured_host_seconds(toy_profile):
+    """An all-keep plan only frees: its time grows by exactly the frees' cost. A swapping
+    plan grows by at most every action's cost (host time spent issuing can hide a stall)."""
+    import dataclasses
+
+    from pooch_ext.policies import get_policy
+
+    def timed(policy, costs):
+        profile = dataclasses.replace(toy_profile, action_s=costs)
+        plan = get_policy(policy).classify(profile, None, None)
+        return plan.iteration_time_s, plan.schedule
+
+    base, schedule = timed("in-core", {})
+    costly, _ = timed("in-core", {"free": 1e-3})
+    assert set(schedule.action) == {"free"}
+    assert costly - base == pytest.approx(1e-3 * len(schedule))
+    base, schedule = timed("swap-all", {})
+    costs = {action: 1e-3 for action in ("swap_out", "release", "swap_in", "wait", "free")}
+    costly, charged = timed("swap-all", costs)
+    assert base < costly <= base + 1e-3 * len(charged) + 1e-12
