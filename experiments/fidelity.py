@@ -213,6 +213,9 @@ def report(frame, out: Path) -> None:
     print(f"iteration time |pred - meas| / meas (medians over runs): median "
           f"{ok.time_error.median():.1%}, worst {ok.time_error.max():.1%} "
           f"(targets <= 10%, <= 20%); {int((ok.time_error > 0.2).sum())} cells over 20%")
+    bias = (ok.predicted_s / ok.measured_s - 1).groupby(ok.policy, sort=False).median()
+    print("signed time error pred / meas - 1, median per policy: "
+          + ", ".join(f"{policy} {value:+.1%}" for policy, value in bias.items()))
     print(f"peak |pred - meas| / meas: median {ok.peak_error.median():.2%}, "
           f"worst {ok.peak_error.max():.2%} (target <= 5%)")
     runs = frame[frame.status == "ok"]

@@ -55,7 +55,7 @@ class IterationSample:
     schedule: pd.DataFrame | None = None    # what it did to feature maps (None: passive)
     # host seconds between the op before's end and this op's start (wall-clock timers only):
     # Chainer's and the model's Python between functions, PoocH's hooks and actions
-    # (the profiler's own rerun timings left out)
+    # (the profiler's own bookkeeping and rerun timings left out)
     gap_s: dict[int, float] = field(default_factory=dict)
     rerun_s: dict[int, float] = field(default_factory=dict)   # forward op -> its recompute
 
@@ -83,6 +83,10 @@ class Profiler(Executor):
         self._rerun_timers: dict[int, Any] = {}
         self._model_ids: set[int] = set()
         self._timing: tuple[int, Any] | None = None   # (op window, timer) running now
+        # the profiler's own host seconds since the last op window ended (bookkeeping, rerun
+        # timings: work the executor does not do), and per window what preceded its start
+        self._own_s = 0.0
+        self._own_before: dict[int, float] = {}
 
     # ------------------------------------------------------------ switching
     def start_measuring(self) -> None:
@@ -119,6 +123,7 @@ class Profiler(Executor):
 
     # ------------------------------------------------------------ timing
     def _start(self, window: int) -> Any:
+        began = time.perf_counter()
         timer = self.device.timer()
         self.log.op = window
         self._timing = (window, timer)
@@ -127,12 +132,15 @@ class Profiler(Executor):
             self._gap_peak = counter.window()   # since the op before ended: this boundary
             self._window_live = counter.live()
             counter.reset_window()
+        self._own_before[window] = self._own_s + (time.perf_counter() - began)
+        self._own_s = 0.0
         timer.start()
         return timer
 
     def _stop(self) -> None:
         if self._timing is not None:
             self._timing[1].stop()
+            began = time.perf_counter()
             counter = getattr(self.device, "counter", None)
             if counter is not None:   # what the op allocated and freed again inside itself
                 inside = counter.window()
@@ -144,6 +152,7 @@ class Profiler(Executor):
                 counter.reset_window()
             self._timing = None
             self.log.op = -1
+            self._own_s += time.perf_counter() - began
 
     def on_iteration_start(self) -> None:
         super().on_iteration_start()
@@ -151,6 +160,8 @@ class Profiler(Executor):
         self._bwd_timers = {}
         self._saved = {}
         self._rerun_timers = {}
+        self._own_s = 0.0
+        self._own_before = {}
         self._scratch: dict[int, int] = {}    # op window -> measured scratch bytes
         self._peaks: dict[int, int] = {}      # op window -> measured device peak
         self._gap_peak = 0
@@ -173,9 +184,11 @@ class Profiler(Executor):
         in_data = self._pending_in_data
         super().on_forward_resolved(index, function)
         if self.measuring:
+            began = time.perf_counter()
             self._saved[index] = self._saved_bytes(function, index)
             if in_data is not None:
                 self._time_rerun(index, function, in_data)
+            self._own_s += time.perf_counter() - began
 
     def _time_rerun(self, index: int, function: Any, in_data: tuple) -> None:
         """Time a recomputation of this op, as the executor would run it, on the op's own
@@ -240,6 +253,7 @@ class Profiler(Executor):
         self._peaks = {k - n_ops: v for k, v in self._peaks.items() if k >= n_ops}
         self._saved = {k - n_ops: v for k, v in self._saved.items() if k >= n_ops}
         self._rerun_timers = {k - n_ops: v for k, v in self._rerun_timers.items() if k >= n_ops}
+        self._own_before = {k - n_ops: v for k, v in self._own_before.items() if k >= n_ops}
         self.log.events = [(seq, op - n_ops if op >= 0 else op, kind, nbytes,
                             tensor - n_tensors if tensor >= 0 else tensor, key)
                            for seq, op, kind, nbytes, tensor, key in self.log.events
@@ -262,7 +276,7 @@ class Profiler(Executor):
         sample.saved_bytes = dict(self._saved)
         sample.rerun_s = {k: t.seconds() for k, t in self._rerun_timers.items()}
         sample.gap_s = _gaps([(k, t) for k, t in self._fwd_timers.items()] +
-                             [(j, t) for j, t in self._bwd_timers.values()], sample.rerun_s)
+                             [(j, t) for j, t in self._bwd_timers.values()], self._own_before)
         sample.scratch = (dict(self._scratch) if getattr(self.device, "counter", None) is not None
                           else scratch_bytes(self.log.events))
         for tensor, transfer in self.stats.transfers:
@@ -354,17 +368,18 @@ def unmodelled_bytes(profile: Profile, samples: list[IterationSample]) -> dict[i
     return {op: nbytes for op, nbytes in excess.items() if nbytes > 0}
 
 
-def _gaps(timers: list[tuple[int, Any]], spent_after: dict[int, float] | None = None
+def _gaps(timers: list[tuple[int, Any]], own_before: dict[int, float] | None = None
           ) -> dict[int, float]:
     """Per op window, the wall time since the window that ended before it started (none for
     the first: what precedes it is the loop's, not the iteration's), less the profiler's own
-    seconds ``spent_after`` that window; {} for device timers."""
+    seconds ``own_before`` that window (work a planned iteration does not do); {} for device
+    timers."""
     if not timers or not hasattr(timers[0][1], "start_t"):
         return {}
-    spent_after = spent_after or {}
+    own_before = own_before or {}
     ordered = sorted(timers, key=lambda item: item[1].start_t)
-    return {window: max(0.0, timer.start_t - before.end_t - spent_after.get(previous, 0.0))
-            for (previous, before), (window, timer) in zip(ordered, ordered[1:])}
+    return {window: max(0.0, timer.start_t - before.end_t - own_before.get(window, 0.0))
+            for (_, before), (window, timer) in zip(ordered, ordered[1:])}
 
 
 def runtime_seconds(samples: list[IterationSample], n_fwd: int) -> dict[int, float]:
