@@ -53,27 +53,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 def _networks(quick: bool) -> dict:
     """name -> (make model, make batches(n))."""
     import numpy as np
-    import chainer
-    import chainer.functions as F
-    import chainer.links as L
 
-    from pooch_ext.hooks.training import BranchyNet, synthetic_batches
+    from pooch_ext.hooks.training import BranchyNet, UnrolledLSTM, synthetic_batches
     from pooch_ext.models import get_model
-
-    class UnrolledLSTM(chainer.Chain):
-        """Embedding, an LSTM over 12 steps, a classifier on the mean of its outputs."""
-
-        def __init__(self, vocab: int = 50, width: int = 256, classes: int = 10) -> None:
-            super().__init__()
-            with self.init_scope():
-                self.embed = L.EmbedID(vocab, width)
-                self.lstm = L.LSTM(width, width)
-                self.fc = L.Linear(width, classes)
-
-        def forward(self, x):
-            self.lstm.reset_state()
-            hs = [self.lstm(self.embed(x[:, k])) for k in range(x.shape[1])]
-            return self.fc(F.mean(F.stack(hs), axis=0))
 
     def sequences(n: int, batch: int = 32, steps: int = 12) -> list:
         rng = np.random.RandomState(1)

@@ -32,7 +32,7 @@ from pooch_ext.hooks.graph import _TAG, GraphTrace
 from pooch_ext.hooks.recompute import RecomputeError, recompute
 from pooch_ext.links import Link
 from pooch_ext.profile import Device, Profile
-from pooch_ext.recompute_rules import RECOMPUTABLE
+from pooch_ext.functions import RECOMPUTABLE
 
 
 @dataclass

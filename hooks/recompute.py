@@ -12,7 +12,8 @@ values. Two functions need their own rule:
 * Dropout: ``forward`` reuses the node's mask when it has one; a missing mask is an error
   (drawing a new one would change the result and the random state).
 
-Only names in ``pooch_ext.recompute_rules.RECOMPUTABLE`` are ever recomputed.
+Which function uses which rule is ``pooch_ext.functions.FUNCTIONS``; nothing else is ever
+recomputed.
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from typing import Any, Callable, Sequence
 import numpy
 
 from pooch_ext.errors import PoochError
-from pooch_ext.recompute_rules import RECOMPUTABLE, recompute_refusal
+from pooch_ext.functions import BATCHNORM, DROPOUT, FORWARD, FUNCTIONS, recompute_refusal
 
 
 class RecomputeError(PoochError):
@@ -57,10 +58,10 @@ def _dropout(function: Any, inputs: Sequence[Any]) -> tuple:
     return _forward_again(function, inputs)
 
 
+KINDS: dict[str, Callable[[Any, Sequence[Any]], tuple]] = {
+    FORWARD: _forward_again, BATCHNORM: _batch_normalization, DROPOUT: _dropout}
 RULES: dict[str, Callable[[Any, Sequence[Any]], tuple]] = {
-    name: _forward_again for name in RECOMPUTABLE}
-RULES["BatchNormalization"] = _batch_normalization
-RULES["Dropout"] = _dropout
+    name: KINDS[function.recompute] for name, function in FUNCTIONS.items() if function.recompute}
 
 
 def recompute(function: Any, inputs: Sequence[Any]) -> tuple:

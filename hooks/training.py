@@ -49,6 +49,24 @@ class BranchyNet(chainer.Chain):
         return self.fc(h)
 
 
+class UnrolledLSTM(chainer.Chain):
+    """Embedding, an LSTM over the steps of its (batch, steps) int32 input, a classifier on
+    the mean of its outputs: many small ops, two outputs per step, a graph that grows with
+    the sequence."""
+
+    def __init__(self, vocab: int = 50, width: int = 256, classes: int = 10) -> None:
+        super().__init__()
+        with self.init_scope():
+            self.embed = L.EmbedID(vocab, width)
+            self.lstm = L.LSTM(width, width)
+            self.fc = L.Linear(width, classes)
+
+    def forward(self, x: Any) -> chainer.Variable:
+        self.lstm.reset_state()
+        hs = [self.lstm(self.embed(x[:, k])) for k in range(x.shape[1])]
+        return self.fc(F.mean(F.stack(hs), axis=0))
+
+
 def synthetic_batches(n: int, batch: int, shape: tuple[int, ...], n_classes: int,
                       seed: int = 1, xp: Any = np) -> list[tuple[Any, Any]]:
     """``n`` batches of uniform inputs and random labels, the same for the same seed."""

@@ -22,8 +22,9 @@ import pooch_ext  # noqa: F401  (chainer import compat)
 import chainer
 import chainer.functions as F
 
-from pooch_ext.costmodel import (GPU, OpShapes, check_conv_impl, get_gpu, op_cost, op_times,
+from pooch_ext.costmodel import (GPU, OpShapes, check_conv_impl, get_gpu, op_times,
                                  resident_bytes, update_time_s)
+from pooch_ext.functions import op_cost
 from pooch_ext.hooks.graph import GraphRecorder, GraphTrace, OpRecord
 from pooch_ext.links import Link, get_link
 from pooch_ext.models import default_input_size, get_model

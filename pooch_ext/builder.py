@@ -30,7 +30,7 @@ import numpy as np
 
 from pooch_ext.links import Link
 from pooch_ext.profile import Device, Profile
-from pooch_ext.recompute_rules import recompute_refusal
+from pooch_ext.functions import recompute_refusal
 
 
 def nbytes_of(shape: Sequence[int], dtype: str = "float32") -> int:

@@ -1,5 +1,8 @@
 """Analytic cost of one Chainer function on a named GPU (profiles without a GPU).
 
+The cost rules are here; which function uses which is ``pooch_ext.functions.FUNCTIONS``
+(``functions.op_cost`` looks one up).
+
 Each op is charged ``max(flops / achieved FLOP/s, bytes / achieved bandwidth) + launch
 latency`` for its forward and for its backward, where the FLOPs and the bytes moved follow
 what Chainer 7.8.1 + CuPy do **without cuDNN** (the way our executor runs): a convolution is
@@ -42,7 +45,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from pooch_ext.errors import PoochError, check_name
+from pooch_ext.errors import check_name
 
 Shape = tuple[int, ...]
 
@@ -154,7 +157,7 @@ def _n(shape: Shape) -> int:
 CUDNN_WORKSPACE_LIMIT = 8 * MiB   # Chainer's default cuDNN workspace limit
 
 
-def _conv(op: OpShapes) -> OpCost:
+def conv(op: OpShapes) -> OpCost:
     x, y, w = op.inputs[0], op.outputs[0], op.params[0]
     s = op.itemsize
     batch, c_in = x[0], x[1]
@@ -185,7 +188,7 @@ def _conv(op: OpShapes) -> OpCost:
                   backward_transient_bytes=max(grad_w_transient, grad_x_transient))
 
 
-def _linear(op: OpShapes) -> OpCost:
+def linear(op: OpShapes) -> OpCost:
     x, y, w = op.inputs[0], op.outputs[0], op.params[0]
     s = op.itemsize
     flops = 2.0 * x[0] * _n(w)
@@ -194,7 +197,7 @@ def _linear(op: OpShapes) -> OpCost:
     return OpCost(flops, nbytes, flops * (2 if wants_gx else 1), nbytes * (2 if wants_gx else 1))
 
 
-def _batch_norm(op: OpShapes) -> OpCost:
+def batch_norm(op: OpShapes) -> OpCost:
     size, channels, s = _n(op.inputs[0]) * op.itemsize, _n(op.params[0]), op.itemsize
     # forward: mean, var (reductions), y = gamma * (x - mean) * inv_std + beta
     # backward: x_hat, gy * x_hat, two reductions, the gx kernel
@@ -202,27 +205,27 @@ def _batch_norm(op: OpShapes) -> OpCost:
                   backward_transient_bytes=2 * size, saved_bytes=3 * channels * s)
 
 
-def _relu(op: OpShapes) -> OpCost:
+def relu(op: OpShapes) -> OpCost:
     size = _n(op.inputs[0]) * op.itemsize
     return OpCost(size / op.itemsize, 2 * size, size / op.itemsize, 3 * size)
 
 
-def _add(op: OpShapes) -> OpCost:
+def add(op: OpShapes) -> OpCost:
     size = _n(op.outputs[0]) * op.itemsize
     # backward hands gy to both inputs without a kernel
     return OpCost(size / op.itemsize, (len(op.inputs) + 1) * size, 0.0, 0.0)
 
 
-def _concat(op: OpShapes) -> OpCost:
+def concat(op: OpShapes) -> OpCost:
     size = _n(op.outputs[0]) * op.itemsize
     return OpCost(0.0, 2 * size, 0.0, 0.0)   # backward: split_axis returns views of gy
 
 
-def _reshape(op: OpShapes) -> OpCost:
+def reshape(op: OpShapes) -> OpCost:
     return OpCost(0.0, 0.0, 0.0, 0.0)         # views both ways
 
 
-def _dropout(op: OpShapes) -> OpCost:
+def dropout(op: OpShapes) -> OpCost:
     n = _n(op.inputs[0])
     size = n * op.itemsize
     # forward: float32 random array, then (mask, y) = f(x, r); backward gx = gy * mask
@@ -236,7 +239,7 @@ def _pool_window(op: OpShapes) -> int:
     return _n(tuple(ksize))
 
 
-def _max_pool(op: OpShapes) -> OpCost:
+def max_pool(op: OpShapes) -> OpCost:
     x, y = _n(op.inputs[0]), _n(op.outputs[0])
     s = op.itemsize
     window = _pool_window(op)
@@ -244,14 +247,14 @@ def _max_pool(op: OpShapes) -> OpCost:
                   saved_bytes=y * 4)   # int32 argmax indexes
 
 
-def _avg_pool(op: OpShapes) -> OpCost:
+def avg_pool(op: OpShapes) -> OpCost:
     x, y = _n(op.inputs[0]), _n(op.outputs[0])
     s = op.itemsize
     window = _pool_window(op)
     return OpCost(float(y * window), (x + y) * s, float(x), (x + y) * s)
 
 
-def _lrn(op: OpShapes) -> OpCost:
+def lrn(op: OpShapes) -> OpCost:
     n = _n(op.inputs[0])
     size = n * op.itemsize
     depth = int(op.attrs.get("n", 5))
@@ -261,40 +264,53 @@ def _lrn(op: OpShapes) -> OpCost:
                   transient_bytes=size, saved_bytes=size)
 
 
-def _softmax_cross_entropy(op: OpShapes) -> OpCost:
+def softmax_cross_entropy(op: OpShapes) -> OpCost:
     n = _n(op.inputs[0])
     size = n * op.itemsize
     # log-softmax, the loss reduction; the softmax is cached for backward
     return OpCost(6.0 * n, 4 * size, 3.0 * n, 3 * size, saved_bytes=size)
 
 
-RULES: dict[str, Callable[[OpShapes], OpCost]] = {
-    "Convolution2DFunction": _conv,
-    "ConvolutionND": _conv,
-    "LinearFunction": _linear,
-    "BatchNormalization": _batch_norm,
-    "ReLU": _relu,
-    "Add": _add,
-    "Concat": _concat,
-    "Reshape": _reshape,
-    "Dropout": _dropout,
-    "MaxPoolingND": _max_pool,
-    "MaxPooling2D": _max_pool,
-    "AveragePooling2D": _avg_pool,
-    "AveragePoolingND": _avg_pool,
-    "LocalResponseNormalization": _lrn,
-    "SoftmaxCrossEntropy": _softmax_cross_entropy,
-}
+def activation(flops_forward: float, flops_backward: float) -> Callable[[OpShapes], OpCost]:
+    """An elementwise activation reading x and writing y (backward: y or x, gy -> gx)."""
+    def cost(op: OpShapes) -> OpCost:
+        n = _n(op.inputs[0])
+        size = n * op.itemsize
+        return OpCost(flops_forward * n, 2 * size, flops_backward * n, 3 * size)
+    return cost
 
 
-def op_cost(op: OpShapes) -> OpCost:
-    """FLOPs, bytes and extra memory of one op; a function without a rule is an error."""
-    try:
-        rule = RULES[op.name]
-    except KeyError:
-        raise PoochError(f"the cost model has no rule for Chainer function {op.name!r} "
-                         f"(known: {', '.join(sorted(RULES))})") from None
-    return rule(op)
+def fixed_batch_norm(op: OpShapes) -> OpCost:
+    size, s = _n(op.inputs[0]) * op.itemsize, op.itemsize
+    # forward: y = gamma * (x - mean) * inv_std + beta with given statistics, no reductions
+    # backward: gx = gy * gamma * inv_std, and the gamma / beta reductions
+    return OpCost(4.0 * size / s, 2 * size, 5.0 * size / s, 4 * size)
+
+
+def embed_id(op: OpShapes) -> OpCost:
+    out = _n(op.outputs[0]) * op.itemsize
+    ids = _n(op.inputs[0]) * 4
+    # forward: a gather of rows; backward: a scatter-add of gy into the weight gradient
+    return OpCost(0.0, 2 * out + ids, float(_n(op.outputs[0])), 3 * out + ids)
+
+
+def lstm(op: OpShapes) -> OpCost:
+    cell = _n(op.inputs[0])
+    s = op.itemsize
+    # forward: four gate activations and the cell update per element of c; reads c_prev and
+    # the 4H pre-activations, writes c and h; backward reads them again with gc, gh
+    return OpCost(12.0 * cell, 7 * cell * s, 20.0 * cell, 10 * cell * s)
+
+
+def mean(op: OpShapes) -> OpCost:
+    n, out = _n(op.inputs[0]), _n(op.outputs[0])
+    s = op.itemsize
+    return OpCost(float(n), (n + out) * s, float(n), (n + out) * s)   # backward: broadcast
+
+
+def stack(op: OpShapes) -> OpCost:
+    size = _n(op.outputs[0]) * op.itemsize
+    return OpCost(0.0, 2 * size, 0.0, 0.0)   # backward: separate returns views of gy
 
 
 def op_times(gpu: GPU, cost: OpCost) -> tuple[float, float]:

@@ -11,7 +11,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = (("pooch_ext", "pooch_ext"), ("hooks", "pooch_ext.hooks"))
 PLANNING_CORE = ["errors", "units", "links", "profile_check", "profile", "plan", "builder",
-                 "recompute_rules", "costmodel", "simmodel", "schedule_check", "classtable",
+                 "recompute_rules", "functions", "shapes", "costmodel", "simmodel",
+                 "schedule_check", "classtable",
                  "simulator", "batchsim", "exact", "synthetic", "policies", "policies.search",
                  "policies.common", "policies.pooch", "policies.superneurons",
                  "policies.sqrt_n", "policies.vdnn_common"]

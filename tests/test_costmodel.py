@@ -6,6 +6,7 @@ import pytest
 from pooch_ext import costmodel as cm
 from pooch_ext.analytic import analytic_profile
 from pooch_ext.errors import PoochError, UnknownNameError
+from pooch_ext.functions import op_cost
 
 
 def _conv(batch, name="Convolution2DFunction", groups=1, differentiable=(0,), impl="im2col"):
@@ -27,34 +28,34 @@ def test_gpu_presets_and_unknown_names():
 def test_im2col_column_buffer_is_the_convolution_transient():
     col = 4 * 8 * 9 * 100 * 4                  # N * C * kh * kw * outH * outW * 4 bytes
     y = 4 * 16 * 100 * 4
-    cost = cm.op_cost(_conv(4))
+    cost = op_cost(_conv(4))
     # forward: col + its GEMM-layout copy (N > 1) + the unused output buffer of forward_gpu
     assert cost.transient_bytes == 2 * col + y
     # backward: gW rebuilds col + copy, plus a copy of gy
     assert cost.backward_transient_bytes == 2 * col + y
-    single = cm.op_cost(_conv(1))
+    single = op_cost(_conv(1))
     assert single.transient_bytes == col // 4 + y // 4        # batch 1: no copy
-    nd = cm.op_cost(_conv(4, "ConvolutionND", groups=2))
+    nd = op_cost(_conv(4, "ConvolutionND", groups=2))
     assert nd.transient_bytes == 2 * col                      # ND path has no unused output
     assert nd.fwd_flops == cost.fwd_flops / 2                 # groups divide the GEMM
-    first_layer = cm.op_cost(_conv(4, differentiable=()))
+    first_layer = op_cost(_conv(4, differentiable=()))
     assert first_layer.bwd_flops == cost.bwd_flops / 2        # no gradient for the input
-    cudnn = cm.op_cost(_conv(4, impl="cudnn"))
+    cudnn = op_cost(_conv(4, impl="cudnn"))
     assert cudnn.transient_bytes == min(col, cm.CUDNN_WORKSPACE_LIMIT)
     assert cudnn.fwd_bytes < cost.fwd_bytes
 
 
 def test_saved_state_and_elementwise_rules():
-    bn = cm.op_cost(cm.OpShapes("BatchNormalization", [(2, 16, 8, 8)], [(2, 16, 8, 8)],
+    bn = op_cost(cm.OpShapes("BatchNormalization", [(2, 16, 8, 8)], [(2, 16, 8, 8)],
                                 [(16,), (16,)], {}, [0]))
     assert bn.saved_bytes == 3 * 16 * 4 and bn.backward_transient_bytes == 2 * 2 * 16 * 64 * 4
-    pool = cm.op_cost(cm.OpShapes("MaxPoolingND", [(2, 16, 8, 8)], [(2, 16, 4, 4)], [],
+    pool = op_cost(cm.OpShapes("MaxPoolingND", [(2, 16, 8, 8)], [(2, 16, 4, 4)], [],
                                   {"ksize": (2, 2)}, [0]))
     assert pool.saved_bytes == 2 * 16 * 16 * 4          # int32 argmax per output
-    drop = cm.op_cost(cm.OpShapes("Dropout", [(2, 100)], [(2, 100)], [], {}, [0]))
+    drop = op_cost(cm.OpShapes("Dropout", [(2, 100)], [(2, 100)], [], {}, [0]))
     assert drop.saved_bytes == 800 and drop.transient_bytes == 800
     with pytest.raises(PoochError, match="no rule for Chainer function 'Elu'"):
-        cm.op_cost(cm.OpShapes("Elu", [(2,)], [(2,)], [], {}, [0]))
+        op_cost(cm.OpShapes("Elu", [(2,)], [(2,)], [], {}, [0]))
 
 
 def test_roofline_time():

@@ -12,7 +12,7 @@ from pooch_ext.hooks.training import BranchyNet, make_optimizer, synthetic_batch
 from pooch_ext.links import get_link
 from pooch_ext.policies import get_policy
 from pooch_ext.profile import Device, Profile
-from pooch_ext.recompute_rules import RECOMPUTABLE
+from pooch_ext.functions import RECOMPUTABLE
 from pooch_ext.simulator import minimum_budget
 from conftest import tracked_device
 
