@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.installed-stamp
 PIPENV := PIP_CONSTRAINT=$(CURDIR)/constraints.txt PIP_BUILD_CONSTRAINT=$(CURDIR)/constraints.txt \
           PIP_DISABLE_PIP_VERSION_CHECK=1
 
-.PHONY: install demo test experiments bench gpu-wheels clean
+.PHONY: install demo test lint experiments bench gpu-wheels clean
 
 install: $(STAMP)
 
@@ -24,6 +24,11 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -n 2
+
+# ruff (ruff.toml) on everything, mypy (mypy.ini) on the planning core
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/mypy
 
 experiments: $(STAMP)
 	$(BIN)/python experiments/run_all.py

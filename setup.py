@@ -63,7 +63,8 @@ setup(
     ],
     extras_require={
         # pytest-xdist: the suite runs on both cores (make test -n 2), half the wall time
-        "test": ["pytest>=7", "pytest-xdist>=3"],
+        # ruff + mypy: `make lint` (CI runs it after the tests), config in ruff.toml, mypy.ini
+        "test": ["pytest>=7", "pytest-xdist>=3", "ruff>=0.5", "mypy>=1.8"],
         "cuda12": ["cupy-cuda12x>=13"],
         "cuda13": ["cupy-cuda13x>=14"],
     },

@@ -41,11 +41,11 @@ def main(argv: list[str] | None = None) -> int:
     import pandas as pd
     from tqdm import tqdm
 
-    from pooch_ext.analytic import analytic_profile
+    from pooch_ext.analytic.tracing import analytic_profile
     from pooch_ext.policies import POLICY_NAMES, get_policy
     from pooch_ext.policies.search import SearchStats
-    from pooch_ext.simulator import minimum_budget
-    from pooch_ext.timeline_plot import plot_timeline
+    from pooch_ext.sim.engine import minimum_budget
+    from pooch_ext.report.timeline import plot_timeline
     from pooch_ext.units import format_bytes, parse_bytes
 
     budget = parse_bytes(args.budget)
@@ -127,7 +127,7 @@ def _plot_speeds(table, path: Path) -> None:
             values.append(base / sel.loc[name, "iteration_time_s"] if ok else 0.0)
         ax.bar(np.arange(len(cases)) + (k - len(order) / 2 + 0.5) * width, values, width,
                label=name)
-    ax.set_xticks(range(len(cases)), [f"{m}\n{l}" for m, l in cases])
+    ax.set_xticks(range(len(cases)), [f"{model}\n{link}" for model, link in cases])
     ax.set_ylabel("speed vs swap-all (w/o scheduling)")
     ax.axhline(1.0, color="gray", linewidth=0.8)
     ax.legend(ncol=4, fontsize=8)

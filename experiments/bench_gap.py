@@ -2,7 +2,7 @@
 
 The optimum comes from pooch_ext.exact (branch and bound over all keep / swap / recompute
 classifications, checked against brute force in the tests) against the same simulator, so the
-gap measures the heuristic alone. Networks: seeded random CNN-like graphs (synthetic.py) on
+gap measures the heuristic alone. Networks: seeded random CNN-like graphs (analytic/synthetic.py) on
 pcie3 and nvlink2, and two small real ones (analytic profiles of small-resnet without its
 stage-1 blocks, 13 feature maps, and AlexNet, 15);
 budgets are fractions of the way from the minimum budget to the in-core peak. Printed per
@@ -26,7 +26,7 @@ REAL = [("small-resnet-shallow", 4096, "im2col", (0.5,)), ("alexnet", 1024, "cud
 
 
 def _real_profile(model: str, batch: int, conv: str):
-    from pooch_ext.analytic import analytic_profile, profile_from_trace, trace_network
+    from pooch_ext.analytic.tracing import analytic_profile, profile_from_trace, trace_network
     from pooch_ext.models.small_resnet import SmallResNet
 
     if model != "small-resnet-shallow":
@@ -49,8 +49,8 @@ def _parse(argv):
 def _case(profile, link, frac, name):
     from pooch_ext.exact import exact_best
     from pooch_ext.policies import get_policy
-    from pooch_ext.simmodel import compile_profile
-    from pooch_ext.simulator import minimum_budget
+    from pooch_ext.sim.model import compile_profile
+    from pooch_ext.sim.engine import minimum_budget
 
     lo, hi = minimum_budget(profile), profile.incore_peak_bytes
     budget = int(lo + frac * (hi - lo))
@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     import pandas as pd
     from tqdm import tqdm
 
-    from pooch_ext.synthetic import random_profile
+    from pooch_ext.analytic.synthetic import random_profile
 
     cases = [(f"random-{seed}", seed, link, frac) for seed in range(args.seeds)
              for link in args.links for frac in args.fractions]

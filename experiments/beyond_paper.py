@@ -8,7 +8,7 @@
    moves ~4x the column buffer and would slow every method alike; ``--conv im2col`` shows it).
 2. ``layers``: how long PoocH's classification takes against the number of forward ops
    ("layers"), on this machine's CPU: the paper's networks at out-of-core sizes, and seeded
-   random CNN-like graphs (``pooch_ext.synthetic``) of 32 to 2048 layers at a budget 40% of
+   random CNN-like graphs (``pooch_ext.analytic.synthetic``) of 32 to 2048 layers at a budget 40% of
    the way from their minimum to their in-core peak, on pcie3 (where the search works
    hardest). The paper: about 2 minutes for ResNeXt-101 (346 forward ops in our trace).
 3. ``bandwidth``: the keep / swap / recompute mix of PoocH as the link gets faster relative to
@@ -29,7 +29,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
@@ -38,8 +37,8 @@ import fig17_20_batch_sweep as batch_sweep
 import fig21_22_resnext3d as resnext
 import matplotlib.pyplot as plt
 from pooch_ext.links import PRESETS, Link
-from pooch_ext.simulator import budget_between
-from pooch_ext.synthetic import random_profile
+from pooch_ext.sim.engine import budget_between
+from pooch_ext.analytic.synthetic import random_profile
 
 OUT = common.RESULTS / "beyond"
 GPU = "h100"

@@ -1,6 +1,6 @@
 """What the experiment scripts share: the paper's setup, one policy run as a table row, I/O.
 
-Every experiment classifies analytic profiles (``pooch_ext.analytic``) with the policies and
+Every experiment classifies analytic profiles (``pooch_ext.analytic.tracing``) with the policies and
 reports the simulator's prediction, one row per (problem, link, policy). The paper ran Chainer
 + cuDNN on a 16 GB V100, so its reproduction uses ``gpu="v100-16gb", conv="cudnn"``; the budget
 is the device capacity unless a script is told otherwise. "pooch-paper" is PoocH's two steps
@@ -25,13 +25,13 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from pooch_ext.analytic import analytic_profile  # noqa: E402
+from pooch_ext.analytic.tracing import analytic_profile  # noqa: E402
 from pooch_ext.errors import BudgetTooSmallError, PoochError  # noqa: E402
 from pooch_ext.links import Link, get_link  # noqa: E402
 from pooch_ext.plan import Plan  # noqa: E402
 from pooch_ext.policies import get_policy  # noqa: E402
 from pooch_ext.profile import Profile  # noqa: E402
-from pooch_ext.simulator import minimum_budget  # noqa: E402
+from pooch_ext.sim.engine import minimum_budget  # noqa: E402
 from pooch_ext.units import parse_bytes  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"

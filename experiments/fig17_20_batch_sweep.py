@@ -24,14 +24,13 @@ import math
 import sys
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
 import common
 import matplotlib.pyplot as plt
 from pooch_ext.plan import Plan
-from pooch_ext.simulator import simulate
+from pooch_ext.sim.engine import simulate_plan
 from replay import replay_peak_bytes, replay_time
 
 OUT = common.RESULTS / "fig17_20"
@@ -54,7 +53,7 @@ def cross_rows(p, plans: dict, source: str, target: str, budget) -> list[dict]:
     replayed = Plan(f"pooch-{source}-schedule", dict(made.classes), feasible=True,
                     iteration_time_s=t, peak_bytes=replay_peak_bytes(p, made.schedule))
     resimulated = Plan(f"pooch-{source}-classes", dict(made.classes))
-    simulate(p, resimulated, target, common.budget_bytes(p, budget))
+    resimulated = simulate_plan(p, resimulated, target, common.budget_bytes(p, budget))
     return [common.row(p, plan, target, budget, plan_link=source)
             for plan in (replayed, resimulated)]
 

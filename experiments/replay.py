@@ -17,8 +17,8 @@ import pandas as pd
 
 from pooch_ext.links import Link
 from pooch_ext.profile import Profile
-from pooch_ext.schedule_check import schedule_memory, validate_schedule
-from pooch_ext.simmodel import compile_profile
+from pooch_ext.sim.check import schedule_memory, validate_schedule
+from pooch_ext.sim.model import compile_profile
 
 
 def replay_time(profile: Profile, schedule: pd.DataFrame, link: Link | str) -> float:

@@ -19,7 +19,7 @@ import pandas as pd  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from common import RESULTS, markdown  # noqa: E402
-from pooch_ext.analytic import analytic_profile  # noqa: E402
+from pooch_ext.analytic.tracing import analytic_profile  # noqa: E402
 
 GIB, GB = 1 << 30, 1e9
 BATCHES = range(64, 641, 64)

@@ -35,8 +35,9 @@ from pooch_ext.errors import PoochError
 from pooch_ext.hooks.device import Transfer, base_of
 from pooch_ext.hooks.graph import _TAG, GraphRecorder, GraphTrace
 from pooch_ext.hooks.recompute import recompute
+from pooch_ext.hooks.runtime_device import RuntimeDevice
 from pooch_ext.profile import Profile
-from pooch_ext.schedule_check import validate_schedule
+from pooch_ext.sim.check import validate_schedule
 
 
 class ExecutorError(PoochError):
@@ -157,7 +158,7 @@ class Executor(GraphRecorder):
     name = "PoochExecutor"
     record_attrs = False        # op attributes (stride, pad) are for the cost model only
 
-    def __init__(self, model: Any, device: Any, keep_traces: int = 4,
+    def __init__(self, model: Any, device: RuntimeDevice, keep_traces: int = 4,
                  on_deviation: Callable[[str], None] | None = None,
                  iteration_done: Callable[[GraphTrace], None] | None = None,
                  backward_done: Callable[[GraphTrace], None] | None = None,

@@ -30,6 +30,7 @@ from pooch_ext.hooks.device import base_of, is_array, model_arrays
 from pooch_ext.hooks.executor import Executor
 from pooch_ext.hooks.graph import _TAG, GraphTrace
 from pooch_ext.hooks.recompute import RecomputeError, recompute
+from pooch_ext.hooks.runtime_device import RuntimeDevice
 from pooch_ext.links import Link
 from pooch_ext.profile import Device, Profile
 from pooch_ext.functions import RECOMPUTABLE
@@ -65,7 +66,7 @@ class Profiler(Executor):
 
     name = "PoochProfiler"
 
-    def __init__(self, model: Any, device: Any, keep_traces: int = 4,
+    def __init__(self, model: Any, device: RuntimeDevice, keep_traces: int = 4,
                  on_deviation: Callable[[str], None] | None = None,
                  iteration_done: Callable[[GraphTrace], None] | None = None,
                  backward_done: Callable[[GraphTrace], None] | None = None,
@@ -351,7 +352,7 @@ def unmodelled_bytes(profile: Profile, samples: list[IterationSample]) -> dict[i
     depends on which maps are kept, swapped or recomputed (measured: the same per-op excess
     under in-core, swap-all and sqrt-n plans), so adding it to the op's transient bytes makes
     every plan's predicted peak the measured one (tests/test_memory_fidelity.py)."""
-    from pooch_ext.schedule_check import schedule_memory
+    from pooch_ext.sim.check import schedule_memory
 
     excess: dict[int, int] = {}
     maps = set(profile.feature_maps["tensor"].tolist())

@@ -4,16 +4,33 @@ Importing this package makes chainer work on NumPy 2 (see ``_compat``); installe
 does that for ``import chainer`` alone too (``_pooch_ext_chainer_hook``).
 The planning core (profile, simulator, policies, plan) is plain Python + NumPy/pandas.
 """
+from pooch_ext import _moved
 from pooch_ext._compat import ensure_chainer_importable
 
 ensure_chainer_importable()
+_moved.install()
 
 __version__ = "0.1.0"
 
+# The public API, imported on first use so that ``import pooch_ext`` stays light and the
+# planning core never pulls in chainer: name -> the module that defines it.
+_PUBLIC = {
+    "PoocH": "pooch_ext.pooch",
+    "classify": "pooch_ext.policies",
+    "simulate": "pooch_ext.sim.engine",
+    "minimum_budget": "pooch_ext.sim.engine",
+    "minimum_host_budget": "pooch_ext.sim.engine",
+    "Profile": "pooch_ext.profile",
+    "Plan": "pooch_ext.plan",
+    "errors": "pooch_ext.errors",
+}
+__all__ = sorted(_PUBLIC)
+
 
 def __getattr__(name: str):
-    """``pooch_ext.PoocH`` without importing chainer until it is used."""
-    if name == "PoocH":
-        from pooch_ext.pooch import PoocH
-        return PoocH
+    if name in _PUBLIC:
+        import importlib
+
+        module = importlib.import_module(_PUBLIC[name])
+        return module if module.__name__.endswith(f".{name}") else getattr(module, name)
     raise AttributeError(f"module 'pooch_ext' has no attribute {name!r}")

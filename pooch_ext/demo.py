@@ -93,7 +93,7 @@ def _plot_losses(path: Path, plain: list[float], pooch: list[float], profile_ite
 
 def _plot_timeline(path: Path, pooch: Any) -> str:
     """The simulator's own timeline figure of the executed plan."""
-    from pooch_ext.timeline_plot import plot_timeline
+    from pooch_ext.report.timeline import plot_timeline
 
     plot_timeline(pooch.timeline, path, title=pooch.decision().split(";")[0])
     return str(path)
@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     from pooch_ext.hooks.training import model_state, states_equal, train_side_by_side
     from pooch_ext.measure import cuda_available, measured_profile, setup_model
     from pooch_ext.models import default_input_size, default_n_classes
-    from pooch_ext.simulator import budget_between, minimum_budget
+    from pooch_ext.sim.engine import budget_between, minimum_budget
     from pooch_ext.units import format_bytes
 
     gpu = cuda_available() and not args.cpu

@@ -7,7 +7,7 @@ only with bounds that hold for every completion:
 
 * memory: swap is the tightest class for a map's own presence and changes no other map's
   lifetime, so if a partial classification does not fit with every undecided map swapped,
-  no completion fits (simulator.fits decides fitting exactly, see simulator.py);
+  no completion fits (sim.engine.fits decides fitting exactly);
 * time: a budget only delays a timeline, and without a budget switching a map from swap to
   keep never delays anything (its copies leave the queues, nothing else changes), so with
   the recompute set fixed the budget-free time with every undecided map kept bounds every
@@ -25,8 +25,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pooch_ext.simmodel import KEEP, NAME, RECOMPUTE, SWAP, SimModel
-from pooch_ext.simulator import fits, run, tightest_codes
+from pooch_ext.sim.model import KEEP, NAME, RECOMPUTE, SWAP, SimModel
+from pooch_ext.sim.engine import fits, run, tightest_codes
 
 MAX_MAPS = 16
 

@@ -1,8 +1,8 @@
 """Everything PoocH knows about each Chainer function, in one table.
 
 One entry per function (``type(function_node).__name__``): its **shape rule** (rescaling a
-recorded trace to another batch or input size, ``pooch_ext.shapes``), its **cost rule**
-(FLOPs, bytes and extra memory for analytic profiles, ``pooch_ext.costmodel``) and its
+recorded trace to another batch or input size, ``pooch_ext.analytic.shapes``), its **cost rule**
+(FLOPs, bytes and extra memory for analytic profiles, ``pooch_ext.analytic.costmodel``) and its
 **recompute rule**: how the executor re-runs it exactly, or why it never does.
 
 Recomputation must reproduce the original output bit for bit and change nothing else, so a
@@ -23,11 +23,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from pooch_ext import costmodel as cost
-from pooch_ext import shapes
-from pooch_ext.costmodel import OpCost, OpShapes
+from pooch_ext.analytic import costmodel as cost
+from pooch_ext.analytic import shapes
+from pooch_ext.analytic.costmodel import OpCost, OpShapes
 from pooch_ext.errors import PoochError
-from pooch_ext.shapes import ShapeRuleError
+from pooch_ext.analytic.shapes import ShapeRuleError
 
 FORWARD, BATCHNORM, DROPOUT = "forward", "batchnorm", "dropout"
 

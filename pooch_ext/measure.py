@@ -12,9 +12,10 @@ from typing import Any
 
 import numpy as np
 
-from pooch_ext.analytic import resolve_input_size
+from pooch_ext.analytic.tracing import resolve_input_size
 from pooch_ext.errors import PoochError
 from pooch_ext.links import Link
+from pooch_ext.hooks.runtime_device import RuntimeDevice
 from pooch_ext.models import default_n_classes, get_model
 from pooch_ext.profile import Profile
 
@@ -43,7 +44,7 @@ def setup_model(name: str, gpu: bool, seed: int = 0) -> tuple[Any, Any]:
 def measured_profile(model: str, batch: int, input_size: str | tuple | None = None,
                      budget: int | str | None = None, iters: int = 3,
                      link: str | Link = "pcie3", gpu: bool | None = None,
-                     device: Any = None) -> Profile:
+                     device: RuntimeDevice | None = None) -> Profile:
     """Profile ``model`` at ``batch`` by training it ``iters`` iterations (see module doc).
     ``device``: the device to profile on (e.g. a ``CupyDevice(throttle="pcie3")`` to profile
     as if on that link); by default the model's own."""

@@ -30,10 +30,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
 from pooch_ext.errors import PoochError
+
+if TYPE_CHECKING:
+    from pooch_ext.sim.engine import Timeline
 
 CLASSES = ("keep", "swap", "recompute")
 ACTIONS = ("swap_out", "release", "swap_in", "wait", "recompute", "free")
@@ -56,7 +60,7 @@ class Plan:
     policy: str
     classes: dict[int, str]
     swap_in_timing: str = "early"
-    feasible: bool = True
+    feasible: bool | None = None          # None until simulated (sim.engine.simulate_plan)
     reason: str = ""
     schedule: pd.DataFrame = field(default_factory=empty_schedule)
     table: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=list(TABLE_COLUMNS)))
@@ -67,7 +71,7 @@ class Plan:
     host_budget_bytes: int | None = None  # None: unlimited host memory
     link: str = ""
     classify_seconds: float = 0.0
-    timeline: object = None   # the simulator's Timeline for this plan, when simulated
+    timeline: Timeline | None = None   # the simulator's Timeline for this plan, when simulated
 
     def __post_init__(self) -> None:
         bad = {c for c in self.classes.values() if c not in CLASSES}

@@ -49,11 +49,12 @@ from pooch_ext.hooks.executor import ExecutorError, Program, compile_program
 from pooch_ext.hooks.graph import GraphTrace
 from pooch_ext.hooks.profiler import Profiler, build_profile, fit_link
 from pooch_ext.hooks.scope import Models
+from pooch_ext.hooks.runtime_device import RuntimeDevice
 from pooch_ext.links import Link, get_link
 from pooch_ext.plan import Plan
 from pooch_ext.policies import get_policy
 from pooch_ext.profile import Device, Profile
-from pooch_ext.simulator import minimum_budget, resolve_host_budget
+from pooch_ext.sim.engine import minimum_budget, resolve_host_budget, simulate_plan
 from pooch_ext.units import format_bytes, parse_bytes
 
 log = logging.getLogger("pooch_ext")
@@ -67,7 +68,7 @@ class PoocH:
 
     def __init__(self, model: chainer.Link | Sequence[chainer.Link], profile_iters: int = 3,
                  budget: int | str | None = None, link: str | Link = "auto",
-                 policy: str | Callable | None = "pooch", device: Any = None,
+                 policy: str | Callable | None = "pooch", device: RuntimeDevice | None = None,
                  verbose: bool = True, host_budget: int | str | None = None) -> None:
         if int(profile_iters) < 1:
             raise ValueError(f"profile_iters must be >= 1, got {profile_iters}")
@@ -390,6 +391,9 @@ class PoocH:
         classify = get_policy(policy).classify if isinstance(policy, str) else policy
         host = {} if math.isinf(host_budget) else {"host_budget": host_budget}
         plan = classify(profile, self.budget_bytes, None, **host)
+        if plan.feasible is None:       # a user's policy may return classes only
+            plan = simulate_plan(profile, plan, None, self.budget_bytes,
+                                 None if math.isinf(host_budget) else int(host_budget))
         if not plan.feasible:
             raise PolicyDoesNotFitError(self.budget_bytes, plan, minimum_budget(profile))
         return plan

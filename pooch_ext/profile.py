@@ -218,7 +218,8 @@ MEMORY_COLUMNS = (
 TABLES = {"ops": OPS_COLUMNS, "tensors": TENSORS_COLUMNS, "memory": MEMORY_COLUMNS}
 SCALAR_TYPES = {_parse_int: "int64", _parse_float: "float64", _parse_bool: bool}
 EXPECTED = {_parse_int: "an integer", _parse_held: "an integer", _parse_float: "a number",
-            _parse_bool: "true or false", _parse_runtime: "a number", _parse_rerun: "a number", _parse_int_list: "integers separated by spaces",
+            _parse_bool: "true or false", _parse_runtime: "a number", _parse_rerun: "a number",
+            _parse_int_list: "integers separated by spaces",
             _parse_shape: "a shape such as 2x3x4"}
 
 

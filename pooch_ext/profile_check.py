@@ -147,11 +147,13 @@ def _cells(ops: pd.DataFrame, tensors: pd.DataFrame, memory: pd.DataFrame) -> li
     itemsize = [_itemsize(d) for d in dtypes]
     p.flag("tensors", "dtype", dtypes, np.array([s is None for s in itemsize], bool),
            "is not a NumPy dtype")
-    p.flag("tensors", "shape", shapes, np.array([any(d < 0 or d > MAX_BYTES for d in s) for s in shapes], bool),
+    p.flag("tensors", "shape", shapes,
+           np.array([any(d < 0 or d > MAX_BYTES for d in s) for s in shapes], bool),
            f"has a dimension outside 0..{MAX_BYTES}")
     expected = [None if size is None or any(d < 0 for d in s) else math.prod(s) * size
                 for s, size in zip(shapes, itemsize)]
-    p.flag("tensors", "bytes", nbytes, np.array([e is not None and e != b for e, b in zip(expected, nbytes)], bool),
+    p.flag("tensors", "bytes", nbytes,
+           np.array([e is not None and e != b for e, b in zip(expected, nbytes)], bool),
            "is not shape x dtype size")
 
     seq, mop = memory["seq"].to_numpy(np.int64), memory["op"].to_numpy(np.int64)

@@ -32,7 +32,7 @@ from chainer import optimizer_hooks, static_graph
 
 from pooch_ext.errors import BudgetTooSmallError, PoochError
 from pooch_ext.hooks.training import model_state, states_equal
-from pooch_ext.simulator import minimum_budget
+from pooch_ext.sim.engine import fraction_between, minimum_budget
 
 SEED, LOOP_SEED = 0, 1
 PROFILE_ITERS = 2
@@ -230,17 +230,11 @@ class Reference:
 
     def budget(self, fraction: float) -> int:
         """A budget ``fraction`` of the way from the minimum to the in-core need."""
-        return between(self.floor, self.incore, fraction)
+        return fraction_between(self.floor, self.incore, fraction)
 
     def policy_fits(self, policy: str, budget: int) -> bool:
         """Whether ``policy`` has a feasible plan for ``budget`` on every graph's profile."""
         return all(policy_fits(profile, policy, budget) for profile in self.profiles)
-
-
-def between(floor: int, incore: int, fraction: float) -> int:
-    """``floor + fraction * (incore - floor)`` in whole bytes: simulator.budget_between's
-    formula on bounds that are maxima over several profiles."""
-    return int(floor + fraction * (incore - floor))
 
 
 def reference(situation: Situation, wrap: str | tuple | None = None) -> Reference:

@@ -9,12 +9,12 @@ import pooch_ext  # noqa: F401
 import chainer.functions as F
 from chainer.function_hooks import TimerHook
 
-from pooch_ext.analytic import (_trace_cached, analytic_profile, parse_size, profile_from_trace,
+from pooch_ext.analytic.tracing import (_trace_cached, analytic_profile, parse_size, profile_from_trace,
                                 rescaled_trace, resolve_input_size, trace_model)
 from pooch_ext.errors import UnknownNameError
 from pooch_ext.models import MODEL_NAMES, get_model
 from pooch_ext.profile import Profile
-from pooch_ext.rescale import ShapeRuleError, rescale_trace
+from pooch_ext.analytic.rescale import ShapeRuleError, rescale_trace
 
 GB = 1e9
 

@@ -8,14 +8,16 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = (("pooch_ext", "pooch_ext"), ("hooks", "pooch_ext.hooks"))
 PLANNING_CORE = ["errors", "units", "links", "profile_check", "profile", "plan", "builder",
-                 "recompute_rules", "functions", "shapes", "costmodel", "simmodel",
-                 "schedule_check", "classtable",
-                 "simulator", "batchsim", "exact", "synthetic", "policies", "policies.search",
-                 "policies.common", "policies.pooch", "policies.superneurons",
-                 "policies.sqrt_n", "policies.vdnn_common"]
+                 "functions", "analytic", "analytic.shapes", "analytic.costmodel",
+                 "analytic.synthetic", "sim", "sim.model", "sim.check", "sim.engine",
+                 "sim.batch", "report", "report.classtable", "exact",
+                 "policies", "policies.search", "policies.common", "policies.pooch",
+                 "policies.superneurons", "policies.sqrt_n", "policies.vdnn_common"]
 
 
 def _modules() -> dict[str, Path]:
@@ -108,12 +110,40 @@ def test_the_cycle_finder_finds_a_cycle():
 
 
 def test_the_planning_core_never_imports_chainer():
-    from pooch_ext.policies import POLICY_NAMES
+    from pooch_ext.policies import POLICIES
 
-    names = [f"pooch_ext.{name}" for name in PLANNING_CORE] + \
-        [f"pooch_ext.policies.{name.replace('-', '_')}" for name in POLICY_NAMES]
+    names = [f"pooch_ext.{name}" for name in PLANNING_CORE] + list(POLICIES.values())
     code = (f"import sys\nfor name in {names!r}:\n    __import__(name)\n"
             "print(sorted(m for m in ('chainer', 'cupy') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          cwd=ROOT, check=True)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_moved_modules_stay_importable_under_their_old_names_for_one_release():
+    """In a fresh interpreter (an old name imported earlier in this session warns no more)."""
+    code = """
+import importlib, warnings
+from pooch_ext._moved import MOVED
+for old, new in MOVED.items():
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        module = importlib.import_module(old)
+    assert module is importlib.import_module(new), old
+    assert module.__spec__.name == new, old
+    assert any(w.category is DeprecationWarning and new in str(w.message) for w in caught), old
+print("ok", len(MOVED))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert out.stdout.startswith("ok"), out.stderr
+
+
+def test_the_public_api_is_importable_from_the_package():
+    import pooch_ext
+    from pooch_ext import PoocH, Plan, Profile, classify, minimum_budget, simulate  # noqa: F401
+    from pooch_ext.plan import Plan as PlanItself
+
+    assert Plan is PlanItself
+    assert sorted(pooch_ext.__all__) == pooch_ext.__all__
+    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
+        pooch_ext.nothing  # noqa: B018  (the lookup is what is tested)

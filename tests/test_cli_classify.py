@@ -8,8 +8,8 @@ import sys
 import pytest
 
 from pooch_ext.cli import main
-from pooch_ext.simulator import minimum_budget
-from pooch_ext.synthetic import random_profile
+from pooch_ext.sim.engine import budget_between, minimum_budget
+from pooch_ext.analytic.synthetic import random_profile
 
 FIELDS = {"policy", "link", "budget_bytes", "feasible", "iteration_time_s", "peak_bytes",
           "counts", "classify_seconds"}
@@ -30,7 +30,7 @@ def run_json(capsys, argv):
 
 def test_classify_json_and_simulate_the_written_plan(profile_dir, tmp_path, capsys):
     path, profile = profile_dir
-    budget = (minimum_budget(profile) + profile.incore_peak_bytes) // 2
+    budget = budget_between(profile, 0.5)
     plan_csv = tmp_path / "plan.csv"
     code, info = run_json(capsys, ["classify", str(path), "--policy", "pooch", "--link", "pcie3",
                                    "--budget", str(budget), "--out", str(plan_csv)])

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from pooch_ext.cli import build_parser, main
-from pooch_ext.simulator import minimum_budget
-from pooch_ext.synthetic import random_profile
+from pooch_ext.sim.engine import budget_between
+from pooch_ext.analytic.synthetic import random_profile
 
 README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
 
@@ -19,7 +19,7 @@ def saved(tmp_path_factory):
     profile = random_profile(6, n_layers=6)
     path = tmp_path_factory.mktemp("cli") / "profile"
     profile.save(path)
-    return str(path), (minimum_budget(profile) + profile.incore_peak_bytes) // 2
+    return str(path), budget_between(profile, 0.5)
 
 
 def exit_code(argv: list[str]) -> int:

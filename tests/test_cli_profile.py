@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from pooch_ext.analytic import analytic_profile
+from pooch_ext.analytic.tracing import analytic_profile
 from pooch_ext.cli import main
 from pooch_ext.profile import Profile
 

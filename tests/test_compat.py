@@ -28,7 +28,7 @@ numpy_changed = [name for name in ("sctypes", "float") if name in vars(np)]
 
 import json
 import pooch_ext
-from pooch_ext.analytic import analytic_profile
+from pooch_ext.analytic.tracing import analytic_profile
 print(json.dumps({"started_with": started_with, "numpy_changed": numpy_changed,
                   "ops": analytic_profile("small-resnet", 2).n_ops, "grad": float(x.grad.sum())}))
 """

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from pooch_ext import costmodel as cm
-from pooch_ext.analytic import analytic_profile
+from pooch_ext.analytic import costmodel as cm
+from pooch_ext.analytic.tracing import analytic_profile
 from pooch_ext.errors import PoochError, UnknownNameError
 from pooch_ext.functions import op_cost
 

@@ -97,8 +97,8 @@ def test_resident_bytes_counts_parameters_gradients_persistents_and_optimizer_st
     x = np.zeros((2, 3, 16, 16), np.float32)
     model(x)                                  # Linear(None, ...) initializes lazily
     params = sum(p.array.nbytes for p in model.params())
-    persistents = sum(getattr(l, n).nbytes for l in model.links() for n in l._persistent
-                      if hasattr(getattr(l, n), "nbytes"))
+    persistents = sum(getattr(link, n).nbytes for link in model.links() for n in link._persistent
+                      if hasattr(getattr(link, n), "nbytes"))
     assert resident_bytes(model) == 2 * params + persistents
     optimizer = make_optimizer(model, "momentum")
     for p in model.params():
@@ -111,3 +111,22 @@ def test_a_model_on_the_host_gets_the_host_simulated_device():
     device = device_for(BranchyNet(), budget=12345, link="nvlink2")
     assert isinstance(device, HostSimDevice)
     assert device.budget == 12345 and device.link.name == "nvlink2"
+
+
+def test_both_devices_meet_the_runtime_device_interface():
+    """Every member the runtime may use, on the CPU device (an instance) and on the CuPy device
+    (its class and the attributes its __init__ sets: it cannot be built without CUDA)."""
+    import inspect
+
+    from pooch_ext.hooks.cpu_device import CpuDevice
+    from pooch_ext.hooks.device import CupyDevice
+    from pooch_ext.hooks.runtime_device import RuntimeDevice
+
+    members = {name for name in vars(RuntimeDevice) if not name.startswith("_")} | \
+        set(RuntimeDevice.__annotations__)
+    assert {"swap_out", "swap_in", "check", "kind", "peak"} <= members
+    assert isinstance(CpuDevice(measure=False), RuntimeDevice)
+    init = inspect.getsource(CupyDevice.__init__)
+    missing = [m for m in members if not hasattr(CupyDevice, m) and f"self.{m} =" not in init
+               and f"self.{m}:" not in init]
+    assert missing == []

@@ -5,9 +5,9 @@ import pytest
 
 from pooch_ext.exact import brute_force, exact_best
 from pooch_ext.policies import get_policy
-from pooch_ext.simmodel import compile_profile
-from pooch_ext.simulator import minimum_budget
-from pooch_ext.synthetic import random_profile
+from pooch_ext.sim.model import compile_profile
+from pooch_ext.sim.engine import minimum_budget
+from pooch_ext.analytic.synthetic import random_profile
 
 
 @pytest.mark.parametrize("seed,frac", [(1, 0.1), (6, 0.25), (8, 0.6)])

@@ -16,7 +16,7 @@ from pooch_ext.hooks.training import (BranchyNet, make_optimizer, model_state, s
 from pooch_ext.plan import Plan
 from pooch_ext.policies import get_policy
 from pooch_ext.profile import Profile
-from pooch_ext.simulator import budget_between, schedule_memory, simulate
+from pooch_ext.sim.engine import budget_between, schedule_memory, simulate_plan
 from conftest import tracked_device
 
 ITERS, PROFILE_ITERS = 6, 3
@@ -52,8 +52,7 @@ def _forced(rule):
         classes = {int(t): rule(i, bool(rc)) for i, (t, rc) in
                    enumerate(zip(fms.tensor, fms.can_recompute))}
         plan = Plan("forced", classes)
-        simulate(profile, plan, link, budget)
-        return plan
+        return simulate_plan(profile, plan, link, budget)
     return classify
 
 
@@ -73,8 +72,7 @@ def _random_plan(seed, timing):
         classes = {int(t): str(rng.choice(["keep", "swap", "recompute"] if rc else ["keep", "swap"]))
                    for t, rc in zip(fms.tensor, fms.can_recompute)}
         plan = Plan("random", classes, swap_in_timing=timing)
-        simulate(profile, plan, link, budget)
-        return plan
+        return simulate_plan(profile, plan, link, budget)
     return classify
 
 
@@ -157,5 +155,4 @@ def test_accounted_memory_stays_within_what_the_schedule_implies_for_activations
 
 def _keep_all_schedule(profile):
     plan = Plan("in-core", {int(t): "keep" for t in profile.feature_maps.tensor})
-    simulate(profile, plan)
-    return plan.schedule
+    return simulate_plan(profile, plan).schedule

@@ -121,7 +121,7 @@ def test_swap_and_recompute_schedule_trains_exactly_and_really_drops_the_maps():
     last_fwd = {t: max([r.producer, r.held_until] + list(r.fwd_consumers))
                 for t, r in maps.iterrows()}
     checked = 0
-    for iteration, index, gone in executor.seen:
+    for _iteration, index, gone in executor.seen:
         for t, is_gone in zip((swapped, recomputed), gone):
             if index > maps.at[t, "producer"]:
                 assert is_gone == (index > last_fwd[t])

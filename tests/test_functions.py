@@ -8,15 +8,15 @@ import math
 import numpy as np
 import pytest
 
-from pooch_ext.analytic import trace_model, trace_network
-from pooch_ext.costmodel import OpShapes
+from pooch_ext.analytic.tracing import trace_model, trace_network
+from pooch_ext.analytic.costmodel import OpShapes
 from pooch_ext.functions import FUNCTIONS, RECOMPUTABLE, Function, op_cost, recompute_refusal
 from pooch_ext.hooks.graph import GraphRecorder
 from pooch_ext.hooks.recompute import RULES
 from pooch_ext.hooks.training import BranchyNet, UnrolledLSTM
 from pooch_ext.models import get_model
-from pooch_ext.rescale import ShapeRuleError, rescale_trace
-from pooch_ext.shapes import same_as_first
+from pooch_ext.analytic.rescale import ShapeRuleError, rescale_trace
+from pooch_ext.analytic.shapes import same_as_first
 
 # every example network, at a small size: (make, trace(net, batch) -> GraphTrace)
 IMAGE_NETS = {"small-resnet": (3, 32, 32), "resnet50": (3, 64, 64), "alexnet": (3, 227, 227),

@@ -14,7 +14,7 @@ import chainer.functions as F
 from pooch_ext.hooks.training import (BranchyNet, make_optimizer, model_state, states_equal,
                                       synthetic_batches, train)
 from pooch_ext.plan import Plan
-from pooch_ext.simulator import minimum_budget, simulate
+from pooch_ext.sim.engine import budget_between, simulate_plan
 
 pytestmark = pytest.mark.gpu
 
@@ -97,8 +97,7 @@ def _mixed(profile, budget, link):
     classes = {int(t): (("keep", "swap", "recompute")[i % 3] if rc else ("keep", "swap")[i % 2])
                for i, (t, rc) in enumerate(zip(fms.tensor, fms.can_recompute))}
     plan = Plan("mixed", classes)
-    simulate(profile, plan, link, budget)
-    return plan
+    return simulate_plan(profile, plan, link, budget)
 
 
 def test_swap_and_recompute_plans_train_bit_identically_on_the_gpu():
@@ -128,7 +127,7 @@ def test_the_budget_is_the_pool_limit_while_pooch_runs(cupy):
     # a live and a free part cannot be released): start from an empty pool
     pool.free_all_blocks()
     # between the smallest plan and in-core, plus room for the pool's 512-byte rounding
-    budget = (minimum_budget(profile) + profile.incore_peak_bytes) // 2 + (8 << 20)
+    budget = budget_between(profile, 0.5) + (8 << 20)
     np.random.seed(0)
     cupy.random.seed(0)
     model = BranchyNet()

@@ -19,9 +19,10 @@ from pooch_ext.errors import BudgetTooSmallError, HostBudgetTooSmallError
 from pooch_ext.hooks.training import make_optimizer
 from pooch_ext.plan import Plan
 from pooch_ext.policies import POLICY_NAMES, get_policy
-from pooch_ext.simmodel import compile_profile, host_level
-from pooch_ext.simulator import budget_between, fits, minimum_budget, minimum_host_budget, simulate
-from pooch_ext.synthetic import random_profile
+from pooch_ext.sim.model import compile_profile, host_level
+from pooch_ext.sim.engine import (budget_between, fits, minimum_budget, minimum_host_budget, simulate,
+                                  simulate_plan)
+from pooch_ext.analytic.synthetic import random_profile
 from test_runtime_promise import (batches, identical, moved, refused_cleanly,
                                   run, standard_loop)
 
@@ -64,8 +65,8 @@ def random_plan(profile, seed: int) -> Plan:
 
 @pytest.mark.parametrize("seed", range(4))
 def test_host_peak_equals_a_count_from_the_schedule(net, seed):
-    plan = random_plan(net, seed)
-    timeline = simulate(net, plan, "pcie3")
+    plan = simulate_plan(net, random_plan(net, seed), "pcie3")
+    timeline = plan.timeline
     level, peak = host_count(net, plan.schedule)
     assert plan.host_peak_bytes == timeline.host_peak_bytes == peak > 0
     assert list(timeline.memory.host_bytes) == level
@@ -77,8 +78,8 @@ def test_simulate_holds_a_plan_to_the_host_budget(net):
     plan = random_plan(net, 0)
     peak = simulate(net, plan, "pcie3").host_peak_bytes
     assert simulate(net, plan, "pcie3", host_budget=peak).feasible
-    timeline = simulate(net, plan, "pcie3", host_budget=f"{peak - 1} B")
-    assert not timeline.feasible and not plan.feasible and plan.host_budget_bytes == peak - 1
+    plan = simulate_plan(net, plan, "pcie3", host_budget=f"{peak - 1} B")
+    assert not plan.timeline.feasible and not plan.feasible and plan.host_budget_bytes == peak - 1
     assert f"hold {peak} bytes on the host at once; host budget {peak - 1}" in plan.reason
 
 

@@ -8,7 +8,7 @@ import pooch_ext  # noqa: F401
 import chainer
 import chainer.functions as F
 
-from pooch_ext.analytic import trace_model
+from pooch_ext.analytic.tracing import trace_model
 from pooch_ext.errors import UnknownNameError
 from pooch_ext.models import MODEL_NAMES, default_input_size, get_model
 

@@ -8,9 +8,9 @@ import pytest
 from pooch_ext.errors import BudgetTooSmallError
 from pooch_ext.policies import POLICY_NAMES, get_policy
 from pooch_ext.policies.search import SearchStats
-from pooch_ext.simmodel import compile_profile, is_conv
-from pooch_ext.simulator import minimum_budget, schedule_memory, validate_schedule
-from pooch_ext.synthetic import random_profile
+from pooch_ext.sim.model import compile_profile, is_conv
+from pooch_ext.sim.engine import minimum_budget, schedule_memory, validate_schedule
+from pooch_ext.analytic.synthetic import random_profile
 
 
 @pytest.fixture(scope="module")

@@ -16,8 +16,9 @@ from chainer.training import extensions
 from pooch_ext.errors import BudgetTooSmallError, UnknownNameError
 from pooch_ext.hooks.training import (BranchyNet, make_optimizer, model_state, states_equal,
                                       synthetic_batches, train)
+from pooch_ext.plan import Plan
 from pooch_ext.pooch import PoocH
-from pooch_ext.simulator import minimum_budget
+from pooch_ext.sim.engine import budget_between, minimum_budget
 from conftest import tracked_device
 
 SHAPE = (3, 16, 16)
@@ -90,7 +91,7 @@ def test_a_budget_below_the_minimum_fails_before_the_first_update_and_changes_no
 
 def test_a_policy_that_cannot_fit_fails_before_the_first_update_and_changes_nothing():
     full = _loop(3, {"profile_iters": 3, "policy": None, "verbose": False})[0].pooch.profile
-    budget = (minimum_budget(full) + full.incore_peak_bytes) // 2
+    budget = budget_between(full, 0.5)
     result, state = _loop(5, {"profile_iters": 3, "budget": budget, "policy": "in-core",
                               "verbose": False})
     assert isinstance(result.error, BudgetTooSmallError)
@@ -188,3 +189,20 @@ def test_bad_arguments_are_refused_up_front():
         PoocH(model, link="pcie9", policy="swap-all")
     with pytest.raises(ValueError, match="byte size"):
         PoocH(model, budget="lots", policy="swap-all")
+
+
+def test_a_users_policy_may_return_classes_only_pooch_simulates_them():
+    """``classify(profile, budget, link) -> Plan`` that never called the simulator: PoocH
+    schedules the classes itself, under its budget, and training stays bit-identical."""
+    def every_other_map_swapped(profile, budget, link):
+        tensors = profile.feature_maps.tensor
+        return Plan("mine", {int(t): ("swap", "keep")[i % 2] for i, t in enumerate(tensors)})
+
+    result, state = _loop(5, {"profile_iters": 2, "policy": every_other_map_swapped,
+                              "verbose": False})
+    assert result.error is None
+    plan = result.pooch.plan
+    assert plan.feasible and plan.policy == "mine" and len(plan.schedule)
+    assert plan.counts["swap"] > 0 and plan.peak_bytes <= plan.budget_bytes
+    assert list(result.pooch.iterations.program[2:]) == ["mine"] * 3
+    assert states_equal(state, _loop(5)[1])

@@ -16,9 +16,9 @@ from pooch_ext.links import Link
 from pooch_ext.plan import Plan
 from pooch_ext.policies import get_policy
 from pooch_ext.profile import Profile
-from pooch_ext.simmodel import SWAP, compile_profile
-from pooch_ext.simulator import least_peak, run, simulate
-from pooch_ext.synthetic import chain_profile
+from pooch_ext.sim.model import SWAP, compile_profile
+from pooch_ext.sim.engine import least_peak, run, simulate
+from pooch_ext.analytic.synthetic import chain_profile
 
 # (table, row, column, value, what the message says); the toy's rows: tensor 2 is the stem
 # conv's output (a feature map of 4x8x8x8 float32), op 3 the first branch conv, which reads 4

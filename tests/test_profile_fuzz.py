@@ -14,8 +14,8 @@ import pytest
 from pooch_ext.errors import ProfileError
 from pooch_ext.policies import get_policy
 from pooch_ext.profile import EXPECTED, HEADER_FILE, TABLES, Profile
-from pooch_ext.simulator import minimum_budget
-from pooch_ext.synthetic import random_profile
+from pooch_ext.sim.engine import budget_between
+from pooch_ext.analytic.synthetic import random_profile
 from test_profile_checks import deadline
 
 CASES = 80
@@ -37,7 +37,7 @@ def base(tmp_path_factory):
     profile = random_profile(6, n_layers=6)
     folder = tmp_path_factory.mktemp("fuzz") / "base"
     profile.save(folder)
-    budget = (minimum_budget(profile) + profile.incore_peak_bytes) // 2
+    budget = budget_between(profile, 0.5)
     return folder, budget, plan_of(profile, budget)
 
 

@@ -13,7 +13,7 @@ from pooch_ext.links import get_link
 from pooch_ext.policies import get_policy
 from pooch_ext.profile import Device, Profile
 from pooch_ext.functions import RECOMPUTABLE
-from pooch_ext.simulator import minimum_budget
+from pooch_ext.sim.engine import budget_between
 from conftest import tracked_device
 
 
@@ -124,7 +124,7 @@ def test_the_profilers_own_work_is_not_in_the_runtime_between_ops(monkeypatch):
 
 def test_profiling_runs_all_swapped_so_a_network_over_budget_can_be_profiled(profiled):
     full = profiled[0].profile
-    budget = (minimum_budget(full) + full.incore_peak_bytes) // 2
+    budget = budget_between(full, 0.5)
     pooch, _ = _profiled(budget=budget)
     runs = pooch.iterations
     assert list(runs.program) == ["on-demand", "profile", "profile"]

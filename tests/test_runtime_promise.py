@@ -21,7 +21,7 @@ from pooch_ext.errors import BudgetTooSmallError, PoochError
 from pooch_ext.hooks.device import grad_of
 from pooch_ext.hooks.training import BranchyNet, make_optimizer, model_state, states_equal
 from pooch_ext.pooch import PoocH
-from pooch_ext.simulator import budget_between
+from pooch_ext.sim.engine import budget_between
 from conftest import tracked_device
 
 
@@ -345,7 +345,7 @@ def test_6_a_swapped_source_is_waited_for_before_the_recompute_that_reads_it():
     data = batches(6, batch=4, shape=(3, 8, 8))
     probe = run(build, standard_loop(data), {"profile_iters": 2, "policy": None})
     from pooch_ext.policies import get_policy
-    from pooch_ext.schedule_check import validate_schedule
+    from pooch_ext.sim.check import validate_schedule
 
     budget = budget_between(probe.pooch.profile, 0.0)
     plan = get_policy("superneurons").classify(probe.pooch.profile, budget, None)

@@ -17,10 +17,10 @@ from conftest import branchy_builder
 from pooch_ext.errors import BudgetTooSmallError
 from pooch_ext.policies import POLICY_NAMES, get_policy
 from pooch_ext.policies.search import fill_keeps
-from pooch_ext.simmodel import KEEP, SWAP, codes_of, compile_profile
-from pooch_ext.simulator import (budget_between, fits, run, schedule_memory, simulate,
+from pooch_ext.sim.model import KEEP, SWAP, codes_of, compile_profile
+from pooch_ext.sim.engine import (budget_between, fits, run, schedule_memory, simulate,
                                  validate_schedule)
-from pooch_ext.synthetic import random_profile
+from pooch_ext.analytic.synthetic import random_profile
 
 
 @pytest.fixture(scope="module")
@@ -162,7 +162,7 @@ def test_the_simulators_peak_is_the_checkers_for_every_policy(profiles, policy):
             memory = schedule_memory(profile, plan.schedule)
             assert validate_schedule(profile, plan) == [], (name, fraction)
             assert plan.peak_bytes == int(memory.peak_bytes.max()), (name, fraction)
-            timeline = simulate(profile, plan)
+            timeline = simulate(profile, plan, budget=plan.budget_bytes)   # the same budget
             assert int(timeline.peak_bytes) == plan.peak_bytes, (name, fraction)
 
 

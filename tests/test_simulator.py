@@ -12,8 +12,9 @@ import pytest
 from pooch_ext.links import Link
 from pooch_ext.plan import Plan
 from pooch_ext.profile import Profile
-from pooch_ext.simulator import minimum_budget, schedule_memory, simulate, validate_schedule
-from pooch_ext.synthetic import chain_profile
+from pooch_ext.sim.engine import (minimum_budget, schedule_memory, simulate_plan,
+                                  validate_schedule)
+from pooch_ext.analytic.synthetic import chain_profile
 
 SLOW = Link("slow", 4000, 4000, 0.0)
 
@@ -23,8 +24,8 @@ def chain(fwd=(2, 2, 2, 2), bwd=(2, 2, 2, 2), nbytes=12000, scratch=None):
 
 
 def run(profile, classes, timing="early", budget=None):
-    plan = Plan("test", classes, swap_in_timing=timing)
-    timeline = simulate(profile, plan, budget=budget)
+    plan = simulate_plan(profile, Plan("test", classes, swap_in_timing=timing), budget=budget)
+    timeline = plan.timeline
     assert validate_schedule(profile, plan) == []
     memory = schedule_memory(profile, plan.schedule)
     assert np.array_equal(memory.peak_bytes, timeline.memory.peak_bytes)

@@ -6,10 +6,10 @@ import math
 import numpy as np
 import pytest
 
-from pooch_ext.batchsim import variant_times
-from pooch_ext.simmodel import KEEP, RECOMPUTE, SWAP, compile_profile
-from pooch_ext.simulator import run
-from pooch_ext.synthetic import random_profile
+from pooch_ext.sim.batch import variant_times
+from pooch_ext.sim.model import KEEP, RECOMPUTE, SWAP, compile_profile
+from pooch_ext.sim.engine import run
+from pooch_ext.analytic.synthetic import random_profile
 
 
 @pytest.mark.parametrize("seed", [0, 3, 6])

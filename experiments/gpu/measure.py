@@ -195,10 +195,10 @@ def calibrate_links(backend: Backend, cfg: Config, out: Path, clock: Clock) -> N
 def profile_stage(backend: Backend, setup: Setup, cfg: Config, throttle: str | None,
                   out: Path, table: Table, clock: Clock):
     """The measured profile at the V100's capacity, saved, and what two policies make of it."""
-    from pooch_ext.costmodel import get_gpu
+    from pooch_ext.analytic.costmodel import get_gpu
     from pooch_ext.measure import measured_profile
     from pooch_ext.policies import get_policy
-    from pooch_ext.simulator import minimum_budget
+    from pooch_ext.sim.engine import minimum_budget
 
     link = _link_name(throttle)
     name = f"{setup.model}_b{setup.batch}_{link}"
@@ -279,7 +279,7 @@ def plain_stage(backend: Backend, setup: Setup, profile, runs: Table, clock: Clo
     points). Returns the reference run and the in-core need the budgets are fractions of: the
     pool's peak total bytes in that run (what a limit has to allow), else the profile's
     prediction."""
-    from pooch_ext.costmodel import get_gpu
+    from pooch_ext.analytic.costmodel import get_gpu
 
     need = int(profile.incore_peak_bytes)
     reference = None

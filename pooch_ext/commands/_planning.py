@@ -9,7 +9,7 @@ from pooch_ext.commands._paths import FILE_HELP, output_file, png_file
 from pooch_ext.links import PRESETS
 from pooch_ext.plan import Plan
 from pooch_ext.profile import Profile
-from pooch_ext.simulator import (minimum_budget, minimum_host_budget, require_budget,
+from pooch_ext.sim.engine import (minimum_budget, minimum_host_budget, require_budget,
                                  require_host_budget)
 from pooch_ext.units import format_bytes
 
@@ -75,7 +75,7 @@ def write_outputs(args: argparse.Namespace, plan: Plan) -> list[str]:
         plan.schedule.to_csv(args.schedule, index=False)
         lines.append(f"schedule         {args.schedule}")
     if args.plot:
-        from pooch_ext.timeline_plot import plot_timeline   # matplotlib: only when asked
+        from pooch_ext.report.timeline import plot_timeline   # matplotlib: only when asked
 
         lines.append(f"timeline         {plot_timeline(plan.timeline, args.plot)}")
     return lines

@@ -10,7 +10,7 @@ import argparse
 import json
 
 from pooch_ext.commands._paths import output_folder
-from pooch_ext.costmodel import CONV_IMPLS, GPUS
+from pooch_ext.analytic.costmodel import CONV_IMPLS, GPUS
 from pooch_ext.links import PRESETS
 from pooch_ext.models import MODEL_NAMES
 from pooch_ext.profile import Profile, format_shape
@@ -48,7 +48,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _analytic(args: argparse.Namespace) -> Profile:
-    from pooch_ext.analytic import analytic_profile   # imports chainer: only when needed
+    from pooch_ext.analytic.tracing import analytic_profile   # imports chainer: only when needed
 
     return analytic_profile(args.model, args.batch, args.input_size, gpu=args.gpu,
                             link=args.link, conv=args.conv)

@@ -6,7 +6,7 @@ import time
 
 from pooch_ext.commands._planning import add_common, add_figures, emit, load, summary, write_outputs
 from pooch_ext.plan import Plan
-from pooch_ext.simulator import simulate
+from pooch_ext.sim.engine import simulate_plan
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -24,7 +24,7 @@ def run(args: argparse.Namespace) -> int:
     profile, budget, host_budget = load(args)
     plan = Plan.read_csv(args.plan)
     started = time.perf_counter()
-    simulate(profile, plan, args.link, budget, host_budget)
+    plan = simulate_plan(profile, plan, args.link, budget, host_budget)
     info = summary(profile, plan)   # classify_seconds: 0, a plan read from a file
     info["simulate_seconds"] = time.perf_counter() - started
     emit(info, args.json, write_outputs(args, plan))

@@ -5,23 +5,49 @@
 Link or preset name (None: the profile's own swap times), ``host_budget`` the host memory the
 swapped maps may hold at once (the same forms, 0 allowed; None: unlimited). A policy whose
 classes cannot fit returns a plan with ``feasible=False`` and the reason, never one that
-overflows; a budget below ``simulator.minimum_budget`` raises BudgetTooSmallError carrying that
-minimum, a host budget below ``simulator.minimum_host_budget`` HostBudgetTooSmallError
+overflows; a budget below ``sim.engine.minimum_budget`` raises BudgetTooSmallError carrying that
+minimum, a host budget below ``sim.engine.minimum_host_budget`` HostBudgetTooSmallError
 (common.Context refuses both, for every policy).
 """
 from __future__ import annotations
 
 import importlib
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 from pooch_ext.errors import check_name
 
-POLICY_NAMES = ("pooch", "swap-opt", "swap-all", "swap-all-nosched", "in-core", "superneurons",
-                "vdnn-all", "vdnn-conv", "sqrt-n", "pooch-paper")
+if TYPE_CHECKING:
+    from pooch_ext.links import Link
+    from pooch_ext.plan import Plan
+    from pooch_ext.profile import Profile
+
+# The registry: a policy's public name -> the module that implements it (imported on first use,
+# so the planning core stays light). Adding a policy is one line here plus its module.
+POLICIES = {
+    "pooch": "pooch_ext.policies.pooch",
+    "swap-opt": "pooch_ext.policies.swap_opt",
+    "swap-all": "pooch_ext.policies.swap_all",
+    "swap-all-nosched": "pooch_ext.policies.swap_all_nosched",
+    "in-core": "pooch_ext.policies.in_core",
+    "superneurons": "pooch_ext.policies.superneurons",
+    "vdnn-all": "pooch_ext.policies.vdnn_all",
+    "vdnn-conv": "pooch_ext.policies.vdnn_conv",
+    "sqrt-n": "pooch_ext.policies.sqrt_n",
+    "pooch-paper": "pooch_ext.policies.pooch_paper",
+}
+POLICY_NAMES = tuple(POLICIES)
 
 
 def get_policy(name: str) -> ModuleType:
     """The policy module called ``name``; it has ``classify(profile, budget, link,
     host_budget=None) -> Plan``."""
     check_name(name, POLICY_NAMES, "policy")
-    return importlib.import_module(f"pooch_ext.policies.{name.replace('-', '_')}")
+    return importlib.import_module(POLICIES[name])
+
+
+def classify(profile: Profile, budget: int | str | None = None, policy: str = "pooch",
+             link: Link | str | None = None, host_budget: int | str | None = None) -> Plan:
+    """A Plan for ``profile`` under ``budget`` by the named policy (see the module docstring
+    for the arguments and the refusals)."""
+    return get_policy(policy).classify(profile, budget, link, host_budget=host_budget)

@@ -9,8 +9,8 @@ import pandas as pd
 from pooch_ext.links import Link, get_link
 from pooch_ext.plan import Plan
 from pooch_ext.profile import Profile
-from pooch_ext.simmodel import NAME, SimModel, compile_profile
-from pooch_ext.simulator import require_budget, require_host_budget, simulate
+from pooch_ext.sim.model import NAME, SimModel, compile_profile
+from pooch_ext.sim.engine import require_budget, require_host_budget, simulate_plan
 
 
 class Context:
@@ -34,8 +34,8 @@ class Context:
         ``r``: tensor id -> r(X) where PoocH computed it, for the table's r column."""
         classes = {int(t): NAME[int(c)] for t, c in zip(self.model.tensor, codes)}
         plan = Plan(self.policy, classes, swap_in_timing=timing, reason=reason)
-        if r:   # simulate's plan_table keeps the r values it finds in plan.table
+        if r:   # simulate_plan's table keeps the r values it finds in plan.table
             plan.table = pd.DataFrame({"tensor": list(r), "r": list(r.values())})
-        simulate(self.profile, plan, self.link, self.budget, self.host_budget)
+        plan = simulate_plan(self.profile, plan, self.link, self.budget, self.host_budget)
         plan.classify_seconds = time.perf_counter() - self.started
         return plan

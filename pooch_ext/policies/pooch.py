@@ -14,7 +14,7 @@ speed. Memory left over is then filled with keeps where that costs no predicted 
 report both).
 
 Under a host budget every step counts a plan beyond it as infeasible, and the refinement
-gets one more seed: the least-swapping plan (simulator.least_swap_codes), which meets every
+gets one more seed: the least-swapping plan (sim.engine.least_swap_codes), which meets every
 host budget from ``minimum_host_budget`` on, so a feasible plan is found wherever the
 budgets are not refused. The paper's steps alone have no such seed and may end infeasible.
 """
@@ -29,7 +29,7 @@ from pooch_ext.policies.search import (SearchStats, fill_keeps, keep_swap, multi
                                        recompute_step)
 from pooch_ext.policies.sqrt_n import best_checkpoints
 from pooch_ext.profile import Profile
-from pooch_ext.simulator import least_swap_codes, tightest_codes
+from pooch_ext.sim.engine import least_swap_codes, tightest_codes
 
 
 def classify(profile: Profile, budget: int | str | None = None, link: Link | str | None = None,

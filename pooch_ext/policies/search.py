@@ -28,9 +28,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from pooch_ext.batchsim import variant_times
-from pooch_ext.simmodel import KEEP, RECOMPUTE, SWAP, SimModel, lifetimes, static_top
-from pooch_ext.simulator import EPS, fits, run, tightest_codes
+from pooch_ext.sim.batch import variant_times
+from pooch_ext.sim.model import KEEP, RECOMPUTE, SWAP, SimModel, lifetimes, static_top
+from pooch_ext.sim.engine import EPS, fits, run, tightest_codes
 
 
 @dataclass
@@ -106,7 +106,7 @@ def keep_swap(model: SimModel, budget: int, max_depth: int = 8,
               stats: SearchStats | None = None,
               host_budget: float = math.inf) -> tuple[np.ndarray, SearchStats]:
     """Step 1: the keep / swap classification, starting from all-swap
-    (simulator.tightest_codes: where a map may not be swapped, recompute or keep)."""
+    (sim.engine.tightest_codes: where a map may not be swapped, recompute or keep)."""
     started = time.perf_counter()
     stats = stats or SearchStats()
     ev = _Evaluator(model, budget, stats, host_budget)
@@ -237,7 +237,8 @@ def refine(model: SimModel, codes: np.ndarray, budget: int, max_simulations: int
     first_simulation = ev.stats.simulations
     best_time = ev.time(codes)
     floor = in_core_time(model)
-    phases = [_windows(model, 2), _windows(model, 2) + _windows(model, 3)]
+    phases: list[list[tuple[int, ...]] | None] = [_windows(model, 2),
+                                                  _windows(model, 2) + _windows(model, 3)]
     if 9 * model.m * (model.m - 1) // 2 <= limit:
         phases.append(None)      # any two maps, built only if reached
     for groups in phases:
@@ -352,6 +353,8 @@ def multi_start(model: SimModel, seeds: dict[str, np.ndarray | None], budget: in
     left = limit - (stats.refine_simulations - spent)
     if best is not None and left > 0:
         best, _ = refine(model, best, budget, left, stats, ev)
+    if best is None:
+        raise ValueError("multi_start needs at least one seed that is not None")
     return best, stats
 
 

@@ -15,8 +15,8 @@ from pooch_ext.links import Link
 from pooch_ext.plan import Plan
 from pooch_ext.policies.common import Context
 from pooch_ext.profile import Profile
-from pooch_ext.simmodel import SimModel
-from pooch_ext.simulator import checkpoint_codes, fits, run
+from pooch_ext.sim.model import SimModel
+from pooch_ext.sim.engine import checkpoint_codes, fits, run
 
 
 def best_checkpoints(model: SimModel, budget: int,

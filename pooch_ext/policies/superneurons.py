@@ -18,8 +18,8 @@ from pooch_ext.links import Link
 from pooch_ext.plan import Plan
 from pooch_ext.policies.common import Context
 from pooch_ext.profile import Profile
-from pooch_ext.simmodel import KEEP, RECOMPUTE, SWAP, is_conv
-from pooch_ext.simulator import fits
+from pooch_ext.sim.model import KEEP, RECOMPUTE, SWAP, is_conv
+from pooch_ext.sim.engine import fits
 
 TIMING = "previous-conv"
 
@@ -41,7 +41,7 @@ def classify(profile: Profile, budget: int | str | None = None,
             break
         codes = trial
     plan = ctx.plan(codes, TIMING)
-    delayed = plan.timeline.delayed_swap_ins
+    delayed = plan.timeline.delayed_swap_ins if plan.timeline is not None else 0
     if plan.feasible and delayed:
         plan.reason = (f"{delayed} swap-in(s) delayed for lack of memory "
                        "(SuperNeurons itself would run out of memory there)")

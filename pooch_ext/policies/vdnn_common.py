@@ -13,7 +13,7 @@ from pooch_ext.links import Link
 from pooch_ext.plan import Plan
 from pooch_ext.policies.common import Context
 from pooch_ext.profile import Profile
-from pooch_ext.simmodel import KEEP, SWAP, is_conv
+from pooch_ext.sim.model import KEEP, SWAP, is_conv
 
 TIMING = "vdnn"
 

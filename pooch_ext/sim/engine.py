@@ -22,15 +22,16 @@ boundary each action happens, from its predicted times:
 
 Memory of an op b is the level at boundary b plus the op's internal peak (its outputs,
 gradients and scratch, from the profile's events); the plan fits when that never exceeds the
-budget. Feasibility depends only on the classes (simmodel.static_top): the dynamic choices
+budget. Feasibility depends only on the classes (model.static_top): the dynamic choices
 always have a tightest fallback, so a plan is infeasible only when its static memory is.
 
-Host memory (simmodel.host_level) depends only on the classes too: a swapped map holds its
+Host memory (model.host_level) depends only on the classes too: a swapped map holds its
 bytes on the host from its swap-out to the end of the iteration. An optional host budget
 (None: unlimited) bounds that peak; ``minimum_host_budget`` is the least a plan needs.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import deque
 from dataclasses import dataclass, field
@@ -38,13 +39,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from pooch_ext.classtable import plan_table
+from pooch_ext.report.classtable import plan_table
 from pooch_ext.errors import BudgetTooSmallError, HostBudgetTooSmallError
 from pooch_ext.links import Link
 from pooch_ext.plan import Plan
 from pooch_ext.profile import Profile
 from pooch_ext.units import parse_bytes
-from pooch_ext.simmodel import (KEEP, RECOMPUTE, SWAP, SimModel, codes_of, compile_profile,
+from pooch_ext.sim.model import (KEEP, RECOMPUTE, SWAP, SimModel, codes_of, compile_profile,
                                 host_level, host_peak, lifetimes, static_top, swap_waits)
 
 EPS = 1e-12
@@ -65,7 +66,7 @@ class RunResult:
     stall_h2d: np.ndarray       # (m,) seconds compute waited on each map's swap-in
     delayed: int                # swap-ins a fixed rule wanted earlier than memory allowed
     trace: dict | None = None   # intervals and actions (record=True)
-    host_peak_bytes: int = 0    # host bytes the swapped maps hold at once (simmodel.host_peak)
+    host_peak_bytes: int = 0    # host bytes the swapped maps hold at once (model.host_peak)
 
 
 @dataclass
@@ -100,8 +101,10 @@ class Timeline:
 # ------------------------------------------------------------------ public API
 
 def simulate(profile: Profile, plan: Plan, link: Link | str | None = None,
-             budget: int | str | None = None, host_budget: int | str | None = None) -> Timeline:
-    """Simulate ``plan`` on ``profile``: fills plan.schedule (and time, peaks, table); the Timeline.
+             budget: int | str | None = None,
+             host_budget: int | str | float | None = None) -> Timeline:
+    """How ``plan`` runs on ``profile``: the Timeline (schedule, time, peaks, stalls). The plan
+    is left as it is; ``simulate_plan`` gives a copy with the results filled in.
 
     ``link`` None uses the profile's own swap times, a Link or preset name times from bytes;
     ``budget`` (bytes, or a string such as "16GiB") None is the device capacity;
@@ -110,23 +113,27 @@ def simulate(profile: Profile, plan: Plan, link: Link | str | None = None,
     model = compile_profile(profile, link)
     budget_bytes = resolve_budget(profile, budget)
     host_limit = resolve_host_budget(host_budget)
-    codes = codes_of(model, plan.classes)
-    result = run(model, codes, plan.swap_in_timing, budget_bytes, record=True,
-                 host_budget=host_limit)
-    timeline = _timeline(model, result, budget_bytes, plan.swap_in_timing, host_limit)
-    plan.schedule = timeline.schedule
-    plan.iteration_time_s = timeline.iteration_time_s
-    plan.peak_bytes = timeline.peak_bytes
-    plan.budget_bytes = budget_bytes
-    plan.host_peak_bytes = timeline.host_peak_bytes
-    plan.host_budget_bytes = timeline.host_budget_bytes
-    plan.link = model.link.name
-    plan.timeline = timeline
-    if not timeline.feasible:
-        plan.feasible = False
-        plan.reason = plan.reason or timeline.reason
-    plan.table = plan_table(profile, plan, timeline.stalls, model)
-    return timeline
+    result = run(model, codes_of(model, plan.classes), plan.swap_in_timing, budget_bytes,
+                 record=True, host_budget=host_limit)
+    return _timeline(model, result, budget_bytes, plan.swap_in_timing, host_limit)
+
+
+def simulate_plan(profile: Profile, plan: Plan, link: Link | str | None = None,
+                  budget: int | str | None = None,
+                  host_budget: int | str | float | None = None) -> Plan:
+    """A copy of ``plan`` with what ``simulate`` predicts filled in: schedule, iteration time,
+    peaks, budgets, link, classification table and the Timeline itself; one that does not fit
+    comes back with ``feasible=False`` and the simulator's reason (unless it had one)."""
+    timeline = simulate(profile, plan, link, budget, host_budget)
+    model = compile_profile(profile, link)
+    done = dataclasses.replace(
+        plan, schedule=timeline.schedule, iteration_time_s=timeline.iteration_time_s,
+        peak_bytes=timeline.peak_bytes, budget_bytes=timeline.budget_bytes,
+        host_peak_bytes=timeline.host_peak_bytes, host_budget_bytes=timeline.host_budget_bytes,
+        link=model.link.name, timeline=timeline, feasible=timeline.feasible,
+        reason=plan.reason or ("" if timeline.feasible else timeline.reason))
+    done.table = plan_table(profile, done, timeline.stalls, model)
+    return done
 
 
 def resolve_budget(profile: Profile, budget: int | str | None) -> int:
@@ -155,8 +162,13 @@ def budget_between(profile: Profile, fraction: float) -> int:
     """A budget ``fraction`` of the way from the smallest any plan reaches (0) to the in-core
     need (1), in whole bytes: how experiments and tests pick budgets that leave plans a
     choice."""
-    floor = minimum_budget(profile)
-    return int(floor + fraction * (profile.incore_peak_bytes - floor))
+    return fraction_between(minimum_budget(profile), profile.incore_peak_bytes, fraction)
+
+
+def fraction_between(floor: int, incore: int, fraction: float) -> int:
+    """``floor + fraction * (incore - floor)`` in whole bytes: budget_between's rule, also for
+    bounds that are maxima over several profiles."""
+    return int(floor + fraction * (incore - floor))
 
 
 def tightest_codes(model: SimModel) -> np.ndarray:
@@ -558,6 +570,7 @@ class _Recorder:
 def _timeline(model: SimModel, r: RunResult, budget: int, timing: str,
               host_budget: float = math.inf) -> Timeline:
     tr = r.trace
+    assert tr is not None, "run(..., record=True) records the trace"
     tid = model.tensor
     n = model.n
     start = tr["start"]
@@ -604,4 +617,4 @@ def _schedule_frame(model: SimModel, actions: list[tuple[int, str, int]]) -> pd.
 
 
 # re-exported: the schedule's own checks (the executor's tests use them too)
-from pooch_ext.schedule_check import schedule_memory, validate_schedule  # noqa: E402,F401
+from pooch_ext.sim.check import schedule_memory, validate_schedule  # noqa: E402,F401

@@ -6,7 +6,7 @@ when no feature map is ever freed, each op's internal peak, and per feature map 
 producer, last forward use, backward needs, swap and recompute costs, and the extra memory
 its recompute chain needs while it runs.
 
-Memory rule (plan.py, simulator.py): every memory event whose tensor is not a feature map stays
+Memory rule (plan.py, sim/engine.py): every memory event whose tensor is not a feature map stays
 where the profile put it; a feature map is allocated where its producer allocated it and every
 later drop of it is a schedule action. ``base_level[b]`` is therefore the level at boundary b
 with all feature maps still alive; the class-dependent lifetimes are subtracted from it.

@@ -11,7 +11,7 @@ import pandas as pd
 
 from pooch_ext.plan import ACTIONS, Plan
 from pooch_ext.profile import Profile
-from pooch_ext.simmodel import compile_profile
+from pooch_ext.sim.model import compile_profile
 
 _ALLOWED = {"keep": {"free"}, "swap": {"swap_out", "release", "swap_in", "wait", "free"},
             "recompute": {"free", "recompute"}}
@@ -26,8 +26,11 @@ def validate_schedule(profile: Profile, plan_or_schedule: Plan | pd.DataFrame) -
     after a swap-in, waited for; every map is dropped exactly once per device copy and is
     absent at the end; with a Plan, each map gets only the actions its class allows.
     """
-    plan = plan_or_schedule if isinstance(plan_or_schedule, Plan) else None
-    schedule = plan.schedule if plan is not None else plan_or_schedule
+    plan: Plan | None = None
+    if isinstance(plan_or_schedule, Plan):
+        plan, schedule = plan_or_schedule, plan_or_schedule.schedule
+    else:
+        schedule = plan_or_schedule
     problems: list[str] = []
     fms = profile.feature_maps.set_index("tensor")
     n = profile.n_ops

@@ -4,7 +4,7 @@ A rule is ``rule(op, input_shapes, attrs, recorded_in, recorded_out) -> (output_
 attrs)``: ``recorded_in`` / ``recorded_out`` are the first input's and output's shapes as the
 trace recorded them (a global pooling stays global, a flatten stays a flatten), ``attrs`` the
 node's scalar attributes updated for the new size. Which function uses which rule is
-``pooch_ext.functions.FUNCTIONS``; ``pooch_ext.rescale`` applies them to a whole trace.
+``pooch_ext.functions.FUNCTIONS``; ``pooch_ext.analytic.rescale`` applies them to a whole trace.
 Convolution and pooling use Chainer's own ``get_conv_outsize`` (imported when first needed, so
 the planning core loads without chainer).
 """

@@ -6,15 +6,15 @@ classes with each candidate map switched to keep and to recompute, the budget ig
 all variants side by side as numpy vectors: forward compute never stalls, so op end times are
 a cumulative sum and the swap-out copies a max-plus scan; the backward walk is one loop over
 the backward boundaries with one vector entry per variant. The result equals
-``simulator.run(model, codes, "early", math.inf).time_s`` for each variant (tested).
+``engine.run(model, codes, "early", math.inf).time_s`` for each variant (tested).
 """
 from __future__ import annotations
 
 import numpy as np
 
-from pooch_ext.simmodel import (KEEP, RECOMPUTE, SWAP, Lifetimes, SimModel, lifetimes,
+from pooch_ext.sim.model import (KEEP, RECOMPUTE, SWAP, Lifetimes, SimModel, lifetimes,
                                 swap_waits)
-from pooch_ext.simulator import EPS   # the same tolerance, or the times would differ
+from pooch_ext.sim.engine import EPS   # the same tolerance, or the times would differ
 
 
 def _variant_needs(model: SimModel, life: Lifetimes, codes: np.ndarray, x: int
@@ -122,8 +122,8 @@ def variant_times(model: SimModel, codes: np.ndarray, changes: list[tuple[int, i
             si_done[vidx[can], head[can]] = done[can]
             qpos += can
         if b in extra:
-            v, s = extra[b]
-            np.maximum.at(t, v, si_done[v, s])
+            variants, slots = extra[b]
+            np.maximum.at(t, variants, si_done[variants, slots])
         if b in src_arr:
             t = np.maximum(t, si_done[:, src_arr[b]].max(axis=1))
         t = t + rc_time[:, b]

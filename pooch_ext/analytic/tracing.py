@@ -3,10 +3,10 @@
 ``analytic_profile("resnet50", 640)`` runs the real network once (forward + backward) on CPU
 at a tiny batch and, where the real size would be too slow on a CPU, a reduced spatial size
 (``TRACE_SPECS``), under ``GraphRecorder``; the graph, what each function retains and the
-order backward visits the functions are therefore Chainer's own. ``pooch_ext.rescale`` then
-re-derives every tensor shape for the requested batch and input size from per-function shape
-rules, ``pooch_ext.costmodel`` charges each op on the named GPU, and ``ProfileBuilder`` fixes
-the in-core memory events. Traces are cached in-process, so sweeps over batch or input size
+order backward visits the functions are therefore Chainer's own. ``analytic/rescale.py``
+then re-derives every tensor shape for the requested batch and input size from per-function
+shape rules, ``analytic/costmodel.py`` charges each op on the named GPU, and ``ProfileBuilder``
+fixes the in-core memory events. Traces are cached in-process, so sweeps over batch or input size
 trace each network once and never materialise the large sizes.
 """
 from __future__ import annotations
@@ -22,14 +22,14 @@ import pooch_ext  # noqa: F401  (chainer import compat)
 import chainer
 import chainer.functions as F
 
-from pooch_ext.costmodel import (GPU, OpShapes, check_conv_impl, get_gpu, op_times,
+from pooch_ext.analytic.costmodel import (GPU, OpShapes, check_conv_impl, get_gpu, op_times,
                                  resident_bytes, update_time_s)
 from pooch_ext.functions import op_cost
 from pooch_ext.hooks.graph import GraphRecorder, GraphTrace, OpRecord
 from pooch_ext.links import Link, get_link
 from pooch_ext.models import default_input_size, get_model
 from pooch_ext.profile import Device, Profile
-from pooch_ext.rescale import rescale_trace
+from pooch_ext.analytic.rescale import rescale_trace
 
 # model -> (trace batch, trace input size): small enough to run forward + backward on a CPU
 # in well under a second or two; networks with fixed-size classifiers keep their input size.

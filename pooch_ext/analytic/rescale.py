@@ -1,10 +1,11 @@
 """Rescale a recorded GraphTrace to another batch size and input size, without running it.
 
 Every tensor shape is re-derived from the new network-input shapes by per-function shape
-rules (``pooch_ext.functions``, implemented in ``pooch_ext.shapes``), in execution order; the
-graph itself (ops, tensor ids, retention, backward order) does not depend on the sizes. A function without a rule is an error, never
-a guess. ``rescale_trace`` first replays the rules at the recorded sizes and checks that they
-reproduce the recorded shapes, so a wrong rule cannot pass silently.
+rules (``pooch_ext.functions``, implemented in ``analytic/shapes.py``), in execution order;
+the graph itself (ops, tensor ids, retention, backward order) does not depend on the sizes. A
+function without a rule is an error, never a guess. ``rescale_trace`` first replays the rules
+at the recorded sizes and checks that they reproduce the recorded shapes, so a wrong rule
+cannot pass silently.
 
 Global pooling: a pooling whose window equals its input's spatial size (padding 0, output 1
 everywhere) is a global pooling; the networks compute that window from the input shape
@@ -16,7 +17,7 @@ import copy
 
 from pooch_ext.functions import shape_rule
 from pooch_ext.hooks.graph import GraphTrace
-from pooch_ext.shapes import Shape, ShapeRuleError, where as _where
+from pooch_ext.analytic.shapes import Shape, ShapeRuleError, where as _where
 
 __all__ = ["ShapeRuleError", "rescale_trace"]
 

@@ -11,7 +11,7 @@ import pandas as pd
 
 from pooch_ext.plan import TABLE_COLUMNS, Plan
 from pooch_ext.profile import Profile, format_shape
-from pooch_ext.simmodel import SimModel
+from pooch_ext.sim.model import SimModel
 
 
 def plan_table(profile: Profile, plan: Plan, stalls: pd.DataFrame, model: SimModel) -> pd.DataFrame:

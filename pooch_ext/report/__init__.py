@@ -1,0 +1,1 @@
+"""What users read: the classification table (CSV) and the timeline plot."""
