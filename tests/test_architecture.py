@@ -15,7 +15,7 @@ PACKAGES = (("pooch_ext", "pooch_ext"), ("hooks", "pooch_ext.hooks"))
 PLANNING_CORE = ["errors", "units", "links", "profile_check", "profile", "plan", "builder",
                  "functions", "analytic", "analytic.shapes", "analytic.costmodel",
                  "analytic.synthetic", "sim", "sim.model", "sim.check", "sim.engine",
-                 "sim.batch", "report", "report.classtable", "exact",
+                 "sim.batch", "sim.memory", "report", "report.classtable", "exact",
                  "policies", "policies.search", "policies.common", "policies.pooch",
                  "policies.superneurons", "policies.sqrt_n", "policies.vdnn_common"]
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from pooch_ext.sim.batch import variant_times
+from pooch_ext.sim.memory import occupy
 from pooch_ext.sim.model import KEEP, RECOMPUTE, SWAP, SimModel, lifetimes, static_top
 from pooch_ext.sim.engine import EPS, fits, run, tightest_codes
 
@@ -98,7 +99,7 @@ class _KeepRoom:
 
     def keep(self, top: np.ndarray, i: int) -> np.ndarray:
         out = top.copy()
-        out[self.lo[i]:self.hi[i]] += self.nbytes[i]
+        occupy(out, self.lo[i], self.hi[i], self.nbytes[i])
         return out
 
 

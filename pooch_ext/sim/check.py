@@ -3,6 +3,10 @@
 The simulator writes the schedule and the executor replays it; both sides test against these
 two functions, which read only the profile and the schedule (never the simulator's state), so
 a schedule that passes here is safe to replay and uses exactly the memory reported here.
+
+Independent on purpose: the engine derives memory from its own boundary loop, this checker
+from the schedule's actions alone; both apply the one rule of sim/memory.py, and the tests
+demand equal peaks for every policy, so a bug on either side shows as a disagreement.
 """
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ import pandas as pd
 
 from pooch_ext.plan import ACTIONS, Plan
 from pooch_ext.profile import Profile
+from pooch_ext.sim.memory import levels_from_changes, tops
 from pooch_ext.sim.model import compile_profile
 
 _ALLOWED = {"keep": {"free"}, "swap": {"swap_out", "release", "swap_in", "wait", "free"},
@@ -138,6 +143,6 @@ def schedule_memory(profile: Profile, schedule: pd.DataFrame) -> pd.DataFrame:
             change[b] += model.nbytes[i]
             if action == "recompute":
                 extra[b] = max(extra[b], model.rc_extra[i])
-    level = model.base_level + np.cumsum(change)
+    level = levels_from_changes(model.base_level, change)
     return pd.DataFrame({"boundary": np.arange(n + 1), "bytes": level,
-                         "peak_bytes": level + np.maximum(model.peak_inc, extra)})
+                         "peak_bytes": tops(level, model.peak_inc, extra)})

@@ -352,7 +352,7 @@ def run(model: SimModel, codes: np.ndarray, timing: str = "early", budget: float
         releases += 1
         t += c_rel
         released[i] = True
-        top[b:end_at[i]] -= nbytes[i]
+        top[b:end_at[i]] -= nbytes[i]           # sim/memory.occupy, inlined (hot loop)
         level[b:end_at[i]] -= nbytes[i]
         if rec:
             rec.action(b, "release", i)
@@ -417,7 +417,7 @@ def run(model: SimModel, codes: np.ndarray, timing: str = "early", budget: float
     def swap_in(i: int, b: int) -> None:
         nonlocal h2d_free, t
         t += c_si
-        top[b:end_at[i]] += nbytes[i]
+        top[b:end_at[i]] += nbytes[i]           # sim/memory.occupy, inlined (hot loop)
         level[b:end_at[i]] += nbytes[i]
         start = max(t, h2d_free)
         h2d_free = si_done[i] = start + si_s[i]

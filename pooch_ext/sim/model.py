@@ -6,10 +6,8 @@ when no feature map is ever freed, each op's internal peak, and per feature map 
 producer, last forward use, backward needs, swap and recompute costs, and the extra memory
 its recompute chain needs while it runs.
 
-Memory rule (plan.py, sim/engine.py): every memory event whose tensor is not a feature map stays
-where the profile put it; a feature map is allocated where its producer allocated it and every
-later drop of it is a schedule action. ``base_level[b]`` is therefore the level at boundary b
-with all feature maps still alive; the class-dependent lifetimes are subtracted from it.
+Memory: the rule is sim/memory.py's. ``base_level[b]`` is the level at boundary b with all
+feature maps still alive; the class-dependent lifetimes are subtracted from it.
 
 ``Lifetimes`` is the static half of a plan: for given classes, where each map is needed in
 backward, where recompute runs, and when each map is dropped for good. Feasibility under a
@@ -28,6 +26,7 @@ import numpy as np
 
 from pooch_ext.links import Link, get_link
 from pooch_ext.profile import Profile
+from pooch_ext.sim.memory import base_profile_levels, levels_from_changes, tops
 
 KEEP, SWAP, RECOMPUTE = 0, 1, 2
 CODE = {"keep": KEEP, "swap": SWAP, "recompute": RECOMPUTE}
@@ -122,17 +121,8 @@ def _compile(profile: Profile, link: Link | None) -> SimModel:
     is_fm_free = (memory["kind"].to_numpy() == "free") & memory["tensor"].isin(index).to_numpy()
     events = memory[~is_fm_free]
     signed = np.where(events["kind"].to_numpy() == "malloc", 1, -1) * events["bytes"].to_numpy(np.int64)
-    delta = np.zeros(n + 1, np.int64)
-    peak_inc = np.zeros(n + 1, np.int64)
-    op_of = events["op"].to_numpy()
-    if len(signed):
-        starts = np.flatnonzero(np.r_[True, op_of[1:] != op_of[:-1]])
-        ends = np.r_[starts[1:], len(op_of)]
-        for a, z in zip(starts, ends):
-            prefix = np.cumsum(signed[a:z])
-            delta[op_of[a]] = prefix[-1]
-            peak_inc[op_of[a]] = max(0, int(prefix.max()))
-    base_level = profile.resident_bytes + np.r_[0, np.cumsum(delta[:n])]
+    base_level, peak_inc = base_profile_levels(profile.resident_bytes, events["op"].to_numpy(),
+                                               signed, n)
 
     names = list(ops["name"])
     durations = profile.op_seconds()      # recomputation costs rerun_s alone (rc_s)
@@ -257,12 +247,12 @@ def static_top(model: SimModel, life: Lifetimes, minimal: bool) -> tuple[np.ndar
     hole_end = np.where(codes[hole] == RECOMPUTE, life.rc_point[hole], life.first[hole])
     np.add.at(diff, hole_start, -nb[hole])
     np.add.at(diff, hole_end, nb[hole])
-    level = model.base_level + np.cumsum(diff)[: n + 1]
+    level = levels_from_changes(model.base_level, diff)
     extra = np.zeros(n + 1, np.int64)
     rc = np.flatnonzero(codes == RECOMPUTE)
     if len(rc):
         np.maximum.at(extra, life.rc_point[rc], model.rc_extra[rc])
-    return level, level + np.maximum(model.peak_inc, extra)
+    return level, tops(level, model.peak_inc, extra)
 
 
 def host_level(model: SimModel, codes: np.ndarray) -> np.ndarray:
