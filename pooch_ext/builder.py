@@ -208,6 +208,10 @@ class ProfileBuilder:
 
     def _memory_events(self, loss, order, bwd_index, kinds, fwd_consumers, bwd_consumers, last_op,
                        held):
+        # Long on purpose: one pass in op order that places every allocation and free of an
+        # in-core iteration (forward outputs, held maps, backward gradients, temporaries,
+        # parameter gradients, the update); split, the order of events would be spread over
+        # several functions that must agree on it.
         events: list[tuple] = []   # (op, kind, bytes, tensor, category)
         free_after: dict[int, int] = {}   # intermediates and held maps: op of their free
         for t, kind in enumerate(kinds):

@@ -105,10 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     from tqdm import tqdm
 
     from pooch_ext.hooks.training import model_state, states_equal, train_side_by_side
-    from pooch_ext.measure import cuda_available, measured_profile, setup_model
+    from pooch_ext.measure import cuda_available, setup_model
     from pooch_ext.models import default_input_size, default_n_classes
-    from pooch_ext.sim.engine import budget_between, minimum_budget
-    from pooch_ext.units import format_bytes
 
     gpu = cuda_available() and not args.cpu
     xp, sync = np, None
@@ -118,8 +116,32 @@ def main(argv: list[str] | None = None) -> int:
     where = "GPU" if gpu else f"CPU device ({args.link} link)"
     shape, classes = default_input_size(args.model), default_n_classes(args.model)
     args.out.mkdir(parents=True, exist_ok=True)
+    need = _choose_budget(args, gpu, where)
 
-    # 1. the in-core need
+    # plain Chainer and PoocH from the same seed on the same data, iteration by iteration
+    batches = teacher_batches(args.iters, args.batch, shape, classes, xp)
+    plain_pair, pooch_pair = setup_model(args.model, gpu), setup_model(args.model, gpu)
+    pooch_kwargs = {"profile_iters": args.profile_iters, "budget": need["budget_bytes"],
+                    "policy": args.policy, "link": "auto" if gpu else args.link}
+    with tqdm(total=args.iters, desc="plain Chainer + PoocH", unit="it", file=sys.stderr) as bar:
+        plain, pooch_run = train_side_by_side(plain_pair, pooch_pair, batches, pooch_kwargs,
+                                              progress=bar, sync=sync)
+    if pooch_run.error is not None:
+        raise pooch_run.error
+    identical = (plain.losses == pooch_run.losses
+                 and states_equal(model_state(*plain_pair), model_state(*pooch_pair)))
+    summary = _write_results(args, gpu, where, need, plain, pooch_run, identical)
+    _print_summary(args.out, summary, pooch_run.pooch.plan)
+    return 0 if identical else 1
+
+
+def _choose_budget(args: argparse.Namespace, gpu: bool, where: str) -> dict:
+    """Measure the in-core need, then the budget: ``--budget-fraction`` of it, or just above
+    the smallest budget any plan reaches where that is below it (with a note)."""
+    from pooch_ext.measure import measured_profile
+    from pooch_ext.sim.engine import budget_between, minimum_budget
+    from pooch_ext.units import format_bytes
+
     probe = measured_profile(args.model, args.batch, iters=2, link=args.link, gpu=gpu)
     incore, floor = probe.incore_peak_bytes, minimum_budget(probe)
     budget = int(args.budget_fraction * incore)
@@ -132,41 +154,35 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.model}, batch {args.batch}, on the {where}: in-core needs "
           f"{format_bytes(incore)}; budget {format_bytes(budget)} ({budget / incore:.0%})"
           + (f"\n  note: {note}" if note else ""), file=sys.stderr)
+    return {"incore_need_bytes": int(incore), "minimum_budget_bytes": int(floor),
+            "budget_bytes": int(budget), "budget_fraction": budget / incore,
+            "budget_note": note}
 
-    # 2. plain Chainer and PoocH from the same seed on the same data, iteration by iteration
-    batches = teacher_batches(args.iters, args.batch, shape, classes, xp)
-    plain_pair, pooch_pair = setup_model(args.model, gpu), setup_model(args.model, gpu)
-    pooch_kwargs = {"profile_iters": args.profile_iters, "budget": budget, "policy": args.policy,
-                    "link": "auto" if gpu else args.link}
-    with tqdm(total=args.iters, desc="plain Chainer + PoocH", unit="it", file=sys.stderr) as bar:
-        plain, pooch_run = train_side_by_side(plain_pair, pooch_pair, batches, pooch_kwargs,
-                                              progress=bar, sync=sync)
-    if pooch_run.error is not None:
-        raise pooch_run.error
+
+def _write_results(args: argparse.Namespace, gpu: bool, where: str, need: dict, plain: Any,
+                   pooch_run: Any, identical: bool) -> dict:
+    """results/demo/: profile, plan, iterations, allocations, losses, the two figures and
+    summary.json; returns the summary."""
+    import pandas as pd
+
     pooch = pooch_run.pooch
-    identical = (plain.losses == pooch_run.losses
-                 and states_equal(model_state(*plain_pair), model_state(*pooch_pair)))
-
-    # 3. results
     pooch.profile.save(args.out / "profile")
     pooch.plan.to_csv(args.out / "plan.csv")
     pooch.iterations.to_csv(args.out / "iterations.csv", index=False)
     pooch.allocations.to_csv(args.out / "allocations.csv", index=False)
-    import pandas as pd
     pd.DataFrame({"iteration": range(len(plain.losses)), "plain": plain.losses,
                   "pooch": pooch_run.losses, "plain_s": plain.seconds,
                   "pooch_s": pooch_run.seconds}).to_csv(args.out / "losses.csv", index=False)
     _plot_losses(args.out / "loss.png", plain.losses, pooch_run.losses, args.profile_iters,
-                 f"{args.model}, batch {args.batch}: PoocH at {budget / incore:.0%} of the "
-                 f"in-core memory ({'GPU' if gpu else 'CPU device'})")
+                 f"{args.model}, batch {args.batch}: PoocH at {need['budget_fraction']:.0%} of "
+                 f"the in-core memory ({'GPU' if gpu else 'CPU device'})")
     timeline = _plot_timeline(args.out / "timeline.png", pooch)
     executed = pooch.iterations.iloc[args.profile_iters:]
     plain_s = float(np.median(plain.seconds[args.profile_iters:]))
     pooch_s = float(np.median(pooch_run.seconds[args.profile_iters + 1:]))
     summary = {
         "model": args.model, "batch": args.batch, "iterations": args.iters, "device": where,
-        "incore_need_bytes": int(incore), "minimum_budget_bytes": int(floor),
-        "budget_bytes": int(budget), "budget_fraction": budget / incore, "budget_note": note,
+        **need,
         "policy": pooch.plan.policy, "counts": pooch.plan.counts,
         "predicted_iteration_s": pooch.plan.iteration_time_s,
         "predicted_peak_bytes": int(pooch.plan.peak_bytes),
@@ -176,18 +192,24 @@ def main(argv: list[str] | None = None) -> int:
         "decision": pooch.decision(), "timeline_png": timeline,
     }
     (args.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    counts = pooch.plan.counts
-    print(f"\nplan ({pooch.plan.policy}): keep {counts['keep']}, swap {counts['swap']}, "
+    return summary
+
+
+def _print_summary(out: Path, summary: dict, plan: Any) -> None:
+    from pooch_ext.units import format_bytes
+
+    counts = plan.counts
+    plain_s, pooch_s = summary["plain_iteration_s"], summary["pooch_iteration_s"]
+    print(f"\nplan ({plan.policy}): keep {counts['keep']}, swap {counts['swap']}, "
           f"recompute {counts['recompute']}\n"
           f"peak device memory: {format_bytes(summary['measured_peak_bytes'])} accounted "
           f"(predicted {format_bytes(summary['predicted_peak_bytes'])}, budget "
-          f"{format_bytes(budget)})\n"
+          f"{format_bytes(summary['budget_bytes'])})\n"
           f"iteration: plain {plain_s * 1e3:.1f} ms, PoocH {pooch_s * 1e3:.1f} ms "
-          f"({pooch_s / plain_s:.2f}x; predicted {pooch.plan.iteration_time_s * 1e3:.1f} ms)\n"
-          f"losses and parameters bit-identical to plain Chainer: {identical}\n"
-          f"written to {args.out}/ (profile/, plan.csv, iterations.csv, allocations.csv, "
+          f"({pooch_s / plain_s:.2f}x; predicted {plan.iteration_time_s * 1e3:.1f} ms)\n"
+          f"losses and parameters bit-identical to plain Chainer: {summary['bit_identical']}\n"
+          f"written to {out}/ (profile/, plan.csv, iterations.csv, allocations.csv, "
           f"losses.csv, loss.png, timeline.png, summary.json)")
-    return 0 if identical else 1
 
 
 if __name__ == "__main__":

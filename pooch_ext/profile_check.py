@@ -86,7 +86,16 @@ def _show(value: Any) -> str:
 
 def _cells(ops: pd.DataFrame, tensors: pd.DataFrame, memory: pd.DataFrame) -> list[Problem]:
     p = _Problems()
-    n = len(ops)
+    _value_cells(p, ops, tensors, memory)
+    phase = _op_cells(p, ops)
+    _tensor_cells(p, tensors, phase, len(ops))
+    _memory_cells(p, memory, tensors["tensor"].to_numpy(np.int64), len(ops))
+    return p
+
+
+def _value_cells(p: _Problems, ops: pd.DataFrame, tensors: pd.DataFrame,
+                 memory: pd.DataFrame) -> None:
+    """Times are finite and >= 0; byte counts lie in 0..MAX_BYTES."""
     for table, frame, columns in (("ops", ops, ("duration_s", "runtime_s", "rerun_s")),
                                   ("tensors", tensors, ("swap_out_s", "swap_in_s", "recompute_s"))):
         for column in columns:
@@ -97,6 +106,11 @@ def _cells(ops: pd.DataFrame, tensors: pd.DataFrame, memory: pd.DataFrame) -> li
         v = frame[column].to_numpy(np.int64)
         p.flag(table, column, v, (v < 0) | (v > MAX_BYTES), f"is not a byte count in 0..{MAX_BYTES}")
 
+
+def _op_cells(p: _Problems, ops: pd.DataFrame) -> np.ndarray:
+    """Ops numbered in row order, phases in order, each backward op naming its own forward
+    op; returns the phases."""
+    n = len(ops)
     op, phase = ops["op"].to_numpy(np.int64), ops["phase"].to_numpy(object)
     p.flag("ops", "op", op, op != np.arange(n), "is out of order (ops are numbered 0, 1, 2, ... "
            "in row order)")
@@ -116,7 +130,12 @@ def _cells(ops: pd.DataFrame, tensors: pd.DataFrame, memory: pd.DataFrame) -> li
     repeated = np.zeros(n, bool)
     repeated[np.flatnonzero(backward)[seen_fwd]] = True
     p.flag("ops", "fwd_op", fwd_op, repeated, "is differentiated by an earlier backward op too")
+    return phase
 
+
+def _tensor_cells(p: _Problems, tensors: pd.DataFrame, phase: np.ndarray, n: int) -> None:
+    """Ids, producers, kinds consistent with producers and backward consumers, classes
+    allowed, bytes = shape x dtype size."""
     tid = tensors["tensor"].to_numpy(np.int64)
     p.flag("tensors", "tensor", tid, tid < 0, "is not an id >= 0")
     p.flag("tensors", "tensor", tid, tensors["tensor"].duplicated().to_numpy(), "is a duplicate id")
@@ -156,6 +175,9 @@ def _cells(ops: pd.DataFrame, tensors: pd.DataFrame, memory: pd.DataFrame) -> li
            np.array([e is not None and e != b for e, b in zip(expected, nbytes)], bool),
            "is not shape x dtype size")
 
+
+def _memory_cells(p: _Problems, memory: pd.DataFrame, tid: np.ndarray, n: int) -> None:
+    """Events in program order, known kinds and categories, known tensors, a bounded total."""
     seq, mop = memory["seq"].to_numpy(np.int64), memory["op"].to_numpy(np.int64)
     p.flag("memory", "seq", seq, np.r_[False, np.diff(seq) <= 0], "does not increase")
     p.flag("memory", "op", mop, (mop < 0) | (mop >= n), f"is not an op (0..{n - 1})")
@@ -171,7 +193,6 @@ def _cells(ops: pd.DataFrame, tensors: pd.DataFrame, memory: pd.DataFrame) -> li
     mbytes = memory["bytes"].to_numpy(np.int64)
     total = np.cumsum(np.where(mkind == "malloc", np.minimum(mbytes, MAX_BYTES), 0))
     p.flag("memory", "bytes", mbytes, total > MAX_TOTAL, f"brings the allocations past {MAX_TOTAL} bytes")
-    return p
 
 
 def _itemsize(dtype: str) -> int | None:

@@ -47,6 +47,9 @@ def variant_times(model: SimModel, codes: np.ndarray, changes: list[tuple[int, i
 
     Changes go from swap to keep or to recompute (the only moves the recompute step makes).
     """
+    # Long on purpose: one vectorised pass over the boundaries that mirrors engine._Run.walk
+    # (early timing, no budget) step by step, so the two read side by side; its test demands
+    # equal times to the engine's for every variant.
     n, n_fwd, m = model.n, model.n_fwd, model.m
     V = len(changes)
     if V == 0:

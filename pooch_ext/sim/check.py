@@ -36,93 +36,132 @@ def validate_schedule(profile: Profile, plan_or_schedule: Plan | pd.DataFrame) -
         plan, schedule = plan_or_schedule, plan_or_schedule.schedule
     else:
         schedule = plan_or_schedule
-    problems: list[str] = []
     fms = profile.feature_maps.set_index("tensor")
-    n = profile.n_ops
+    malformed = _malformed(schedule, set(int(t) for t in fms.index), profile.n_ops)
+    if malformed:
+        return malformed
+    replay = _Replay(profile, fms)
+    if plan is not None:
+        replay.problems += _beyond_class(plan, schedule)
+    by_boundary = {b: g.sort_values("order") for b, g in schedule.groupby("boundary")}
+    for b in range(profile.n_ops + 1):
+        group = by_boundary.get(b)
+        if group is not None:
+            for action, t in zip(group["action"], group["tensor"]):
+                replay.act(b, action, int(t))
+        if b < profile.n_ops:
+            replay.op(b)
+    return replay.finish()
+
+
+def _malformed(schedule: pd.DataFrame, feature_maps: set[int], n: int) -> list[str]:
+    """What makes a schedule unreadable: unknown actions, tensors that are not feature maps,
+    boundaries outside 0..n (checked before anything else, each alone)."""
     unknown = set(schedule["action"]) - set(ACTIONS)
     if unknown:
         return [f"unknown action(s) {sorted(unknown)}"]
-    strangers = set(int(t) for t in schedule["tensor"]) - set(fms.index)
+    strangers = set(int(t) for t in schedule["tensor"]) - feature_maps
     if strangers:
         return [f"tensor(s) {sorted(strangers)[:5]} are not feature maps"]
     if len(schedule) and (schedule["boundary"].min() < 0 or schedule["boundary"].max() > n):
         return [f"boundaries must lie in 0..{n}"]
-    if plan is not None:
-        for t, action in zip(schedule["tensor"], schedule["action"]):
-            cls = plan.classes.get(int(t), "keep")
-            if action not in _ALLOWED[cls]:
-                problems.append(f"tensor {t} is {cls} but the schedule has '{action}' for it")
-                break
+    return []
 
-    present = {int(t): False for t in fms.index}
-    ready = dict(present)
-    on_host = dict(present)
-    drops = {t: 0 for t in present}
-    copies = {t: 0 for t in present}
-    produced_by: dict[int, list[int]] = {}
-    for t, p in zip(fms.index, fms["producer"]):
-        produced_by.setdefault(int(p), []).append(int(t))
-    sources = {int(t): [int(s) for s in srcs if s in present]
-               for t, srcs in zip(fms.index, fms["recompute_sources"])}
-    by_boundary = {b: g.sort_values("order") for b, g in schedule.groupby("boundary")}
-    needs = list(profile.ops["needs"])
 
-    def say(b: int, text: str) -> None:
-        if len(problems) < 20:
-            problems.append(f"boundary {b}: {text}")
+def _beyond_class(plan: Plan, schedule: pd.DataFrame) -> list[str]:
+    """The first action a map's class does not allow (a keep swapped, ...), if any."""
+    for t, action in zip(schedule["tensor"], schedule["action"]):
+        cls = plan.classes.get(int(t), "keep")
+        if action not in _ALLOWED[cls]:
+            return [f"tensor {t} is {cls} but the schedule has '{action}' for it"]
+    return []
 
-    for b in range(n + 1):
-        group = by_boundary.get(b)
-        if group is not None:
-            for action, t in zip(group["action"], group["tensor"]):
-                t = int(t)
-                if action == "swap_out":
-                    if not (present[t] and ready[t]) or on_host[t]:
-                        say(b, f"swap_out of {t}: must be present, ready and not yet on the host")
-                    on_host[t] = True
-                elif action == "release":
-                    if not present[t] or not on_host[t]:
-                        say(b, f"release of {t}: needs a swap-out first and a device copy")
-                    present[t] = ready[t] = False
-                    drops[t] += 1
-                elif action == "swap_in":
-                    if present[t] or not on_host[t]:
-                        say(b, f"swap_in of {t}: must be absent and swapped out")
-                    present[t], ready[t] = True, False
-                    copies[t] += 1
-                elif action == "wait":
-                    if not present[t]:
-                        say(b, f"wait for {t}: it is not being swapped in")
-                    ready[t] = present[t]
-                elif action == "recompute":
-                    if present[t]:
-                        say(b, f"recompute of {t}: it is still present")
-                    missing = [s for s in sources[t] if not (present[s] and ready[s])]
-                    if missing:
-                        say(b, f"recompute of {t}: source(s) {missing} not present")
-                    present[t] = ready[t] = True
-                    copies[t] += 1
-                elif action == "free":
-                    if not present[t]:
-                        say(b, f"free of {t}: it is not present")
-                    present[t] = ready[t] = False
-                    drops[t] += 1
-        if b < n:
-            for t in needs[b]:
-                if t in present and not (present[t] and ready[t]):
-                    say(b, f"op {b} needs {t}, which is "
-                           f"{'not yet waited for' if present[t] else 'absent'}")
-            for t in produced_by.get(b, ()):
-                if present[t] and b > 0:
-                    say(b, f"op {b} produces {t}, which is already present")
-                present[t] = ready[t] = True
-                copies[t] += 1
-    for t in present:
-        if present[t]:
-            problems.append(f"tensor {t} is never freed")
-        elif drops[t] != copies[t]:
-            problems.append(f"tensor {t}: {copies[t]} device copies but {drops[t]} drops")
-    return problems
+
+class _Replay:
+    """Each feature map's state (present on the device, ready after a swap-in's wait, saved
+    on the host, device copies made and dropped) through the schedule, op by op."""
+
+    MAX_PROBLEMS = 20
+
+    def __init__(self, profile: Profile, fms: pd.DataFrame) -> None:
+        self.problems: list[str] = []
+        self.present = {int(t): False for t in fms.index}
+        self.ready = dict(self.present)
+        self.on_host = dict(self.present)
+        self.drops = {t: 0 for t in self.present}
+        self.copies = {t: 0 for t in self.present}
+        self.produced_by: dict[int, list[int]] = {}
+        for t, p in zip(fms.index, fms["producer"]):
+            self.produced_by.setdefault(int(p), []).append(int(t))
+        self.sources = {int(t): [int(s) for s in srcs if s in self.present]
+                        for t, srcs in zip(fms.index, fms["recompute_sources"])}
+        self.needs = list(profile.ops["needs"])
+
+    def say(self, b: int, text: str) -> None:
+        if len(self.problems) < self.MAX_PROBLEMS:
+            self.problems.append(f"boundary {b}: {text}")
+
+    def act(self, b: int, action: str, t: int) -> None:
+        """One action at boundary b: check what it requires, then change t's state."""
+        present, ready = self.present, self.ready
+        if action == "swap_out":
+            if not (present[t] and ready[t]) or self.on_host[t]:
+                self.say(b, f"swap_out of {t}: must be present, ready and not yet on the host")
+            self.on_host[t] = True
+        elif action == "release":
+            if not present[t] or not self.on_host[t]:
+                self.say(b, f"release of {t}: needs a swap-out first and a device copy")
+            self._drop(t)
+        elif action == "swap_in":
+            if present[t] or not self.on_host[t]:
+                self.say(b, f"swap_in of {t}: must be absent and swapped out")
+            present[t], ready[t] = True, False
+            self.copies[t] += 1
+        elif action == "wait":
+            if not present[t]:
+                self.say(b, f"wait for {t}: it is not being swapped in")
+            ready[t] = present[t]
+        elif action == "recompute":
+            if present[t]:
+                self.say(b, f"recompute of {t}: it is still present")
+            missing = [s for s in self.sources[t] if not (present[s] and ready[s])]
+            if missing:
+                self.say(b, f"recompute of {t}: source(s) {missing} not present")
+            self._arrive(t)
+        elif action == "free":
+            if not present[t]:
+                self.say(b, f"free of {t}: it is not present")
+            self._drop(t)
+
+    def op(self, b: int) -> None:
+        """Op b runs: every map it reads must be present and waited for; its outputs arrive."""
+        present, ready = self.present, self.ready
+        for t in self.needs[b]:
+            if t in present and not (present[t] and ready[t]):
+                self.say(b, f"op {b} needs {t}, which is "
+                            f"{'not yet waited for' if present[t] else 'absent'}")
+        for t in self.produced_by.get(b, ()):
+            if present[t] and b > 0:
+                self.say(b, f"op {b} produces {t}, which is already present")
+            self._arrive(t)
+
+    def _arrive(self, t: int) -> None:
+        self.present[t] = self.ready[t] = True
+        self.copies[t] += 1
+
+    def _drop(self, t: int) -> None:
+        self.present[t] = self.ready[t] = False
+        self.drops[t] += 1
+
+    def finish(self) -> list[str]:
+        """At the end every map is gone, dropped once per device copy."""
+        for t in self.present:
+            if self.present[t]:
+                self.problems.append(f"tensor {t} is never freed")
+            elif self.drops[t] != self.copies[t]:
+                self.problems.append(f"tensor {t}: {self.copies[t]} device copies but "
+                                     f"{self.drops[t]} drops")
+        return self.problems
 
 
 def schedule_memory(profile: Profile, schedule: pd.DataFrame) -> pd.DataFrame:

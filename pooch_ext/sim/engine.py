@@ -45,8 +45,9 @@ from pooch_ext.links import Link
 from pooch_ext.plan import Plan
 from pooch_ext.profile import Profile
 from pooch_ext.units import parse_bytes
-from pooch_ext.sim.model import (KEEP, RECOMPUTE, SWAP, SimModel, codes_of, compile_profile,
-                                host_level, host_peak, lifetimes, static_top, swap_waits)
+from pooch_ext.sim.model import (KEEP, RECOMPUTE, SWAP, Lifetimes, SimModel, codes_of,
+                                compile_profile, host_level, host_peak, lifetimes, static_top,
+                                swap_waits)
 
 EPS = 1e-12
 
@@ -295,245 +296,296 @@ def run(model: SimModel, codes: np.ndarray, timing: str = "early", budget: float
         record: bool = False, host_budget: float = math.inf) -> RunResult:
     """One simulation of classes ``codes`` (per feature map) under ``budget`` bytes; a plan
     whose swapped maps hold more than ``host_budget`` bytes on the host is infeasible."""
-    n, n_fwd, m = model.n, model.n_fwd, model.m
-    life = lifetimes(model, codes)
-    level, top = static_top(model, life, minimal=False)
-    nbytes, end, first = model.nbytes, life.end, life.first
-    # Python lists and floats for the scalar work below: numpy scalars are several times
-    # slower one at a time, and the search runs this thousands of times
-    so_s, si_s, dur, rc_s = (model.so_s.tolist(), model.si_s.tolist(), model.dur.tolist(),
-                             model.rc_s.tolist())
-    last_fwd, first_at, end_at = model.last_fwd.tolist(), first.tolist(), end.tolist()
-    unlimited = not math.isfinite(budget)
-    vdnn = timing == "vdnn"
-    # the runtime's host seconds per action: compute waits while the host issues them
-    act = model.act_s
-    c_so, c_rel, c_si, c_wait, c_rc, c_free = (act.get(a, 0.0) for a in (
-        "swap_out", "release", "swap_in", "wait", "recompute", "free"))
+    return _Run(model, codes, timing, budget, record).walk().result(codes, host_budget)
 
-    # static per-boundary actions
-    so_at: dict[int, list[int]] = {}
-    rc_at: dict[int, list[int]] = {}
-    free_at: dict[int, list[int]] = {}
-    for i, c in enumerate(codes.tolist()):
-        free_at.setdefault(end_at[i], []).append(i)
-        if c == SWAP:
-            so_at.setdefault(int(model.producer[i]) + 1, []).append(i)
-        elif c == RECOMPUTE:
-            free_at.setdefault(last_fwd[i] + 1, []).append(i)
-            rc_at.setdefault(int(life.rc_point[i]), []).append(i)
-    src_wait_at, op_wait_at = swap_waits(model, life)
-    swapped = [i for i in range(m) if codes[i] == SWAP]
-    queue = sorted(swapped, key=lambda i: (first_at[i], i))
-    target = _swap_in_targets(model, timing, queue, first)
-    conv_bwd = model.conv_bwd
 
-    so_done = [0.0] * m
-    si_done = [math.inf] * m
-    released = [False] * m
-    stall_d2h = [0.0] * m
-    stall_h2d = [0.0] * m
-    l_out: set[int] = set()
-    l_in: set[int] = set()
-    inflight: deque[int] = deque()      # swap-outs not yet released, in copy order
-    done_wait: list[int] = []           # copied, but a forward op still reads them
-    t = d2h_free = h2d_free = 0.0
-    qpos = 0
-    delayed = 0
-    overflow = ""
-    sync_prev: list[int] = []           # vDNN: prefetches the next op synchronizes on
-    rec = _Recorder(n) if record else None
+class _Run:
+    """The boundary loop of one simulation: three engines (compute, D2H, H2D) walked boundary
+    by boundary, placing the schedule's actions (paper 4.3). The static actions (swap-outs
+    after the producer, frees, recomputes) come from the classes; the dynamic ones (releases
+    once a copy is done, swap-ins as early as the timing and memory allow) are decided here.
 
-    releases = 0                        # counts top's decreases (room() memo)
-    blocked = (-1, -1, -1)              # (map, boundary of the peak that blocked it, releases)
+    State lives in plain Python lists and floats: numpy scalars are several times slower one
+    at a time, and the search runs this thousands of times. Memory follows sim/memory.py
+    (``occupy`` inlined on ``top`` and ``level``)."""
 
-    def release(i: int, b: int) -> None:
-        nonlocal releases, t
-        releases += 1
-        t += c_rel
-        released[i] = True
-        top[b:end_at[i]] -= nbytes[i]           # sim/memory.occupy, inlined (hot loop)
-        level[b:end_at[i]] -= nbytes[i]
-        if rec:
-            rec.action(b, "release", i)
+    def __init__(self, model: SimModel, codes: np.ndarray, timing: str, budget: float,
+                 record: bool) -> None:
+        self.model, self.timing, self.budget = model, timing, budget
+        self.n, self.n_fwd, m = model.n, model.n_fwd, model.m
+        life = lifetimes(model, codes)
+        self.level, self.top = static_top(model, life, minimal=False)
+        self.nbytes = model.nbytes
+        self.so_s, self.si_s, self.dur, self.rc_s = (
+            model.so_s.tolist(), model.si_s.tolist(), model.dur.tolist(), model.rc_s.tolist())
+        self.last_fwd, self.first_at = model.last_fwd.tolist(), life.first.tolist()
+        self.end_at = life.end.tolist()
+        self.unlimited = not math.isfinite(budget)
+        self.vdnn = timing == "vdnn"
+        # the runtime's host seconds per action: compute waits while the host issues them
+        self.c_so, self.c_rel, self.c_si, self.c_wait, self.c_rc, self.c_free = (
+            model.act_s.get(a, 0.0)
+            for a in ("swap_out", "release", "swap_in", "wait", "recompute", "free"))
+        self._static_actions(codes, life)
+        self.swapped = [i for i in range(m) if codes[i] == SWAP]
+        self.queue = sorted(self.swapped, key=lambda i: (self.first_at[i], i))
+        self.target = _swap_in_targets(model, timing, self.queue, life.first)
 
-    def release_done(b: int) -> None:
-        nonlocal done_wait
-        while inflight and so_done[inflight[0]] <= t + EPS:   # pops one map per round
+        self.so_done = [0.0] * m
+        self.si_done = [math.inf] * m
+        self.released = [False] * m
+        self.stall_d2h = [0.0] * m
+        self.stall_h2d = [0.0] * m
+        self.l_out: set[int] = set()
+        self.l_in: set[int] = set()
+        self.inflight: deque[int] = deque()   # swap-outs not yet released, in copy order
+        self.done_wait: list[int] = []        # copied, but a forward op still reads them
+        self.t = self.d2h_free = self.h2d_free = self.forward_end = 0.0
+        self.qpos = 0
+        self.delayed = 0
+        self.overflow = ""
+        self.sync_prev: list[int] = []        # vDNN: prefetches the next op synchronizes on
+        self.rec = _Recorder(self.n) if record else None
+        self.releases = 0                     # counts top's decreases (room() memo)
+        self.blocked = (-1, -1, -1)           # (map, boundary of the blocking peak, releases)
+
+    def _static_actions(self, codes: np.ndarray, life: Lifetimes) -> None:
+        """Per boundary: swap-outs, recomputes, frees, and the swap-in waits (sources of a
+        recompute first, then the op's own)."""
+        self.so_at: dict[int, list[int]] = {}
+        self.rc_at: dict[int, list[int]] = {}
+        self.free_at: dict[int, list[int]] = {}
+        for i, c in enumerate(codes.tolist()):
+            self.free_at.setdefault(self.end_at[i], []).append(i)
+            if c == SWAP:
+                self.so_at.setdefault(int(self.model.producer[i]) + 1, []).append(i)
+            elif c == RECOMPUTE:
+                self.free_at.setdefault(self.last_fwd[i] + 1, []).append(i)
+                self.rc_at.setdefault(int(life.rc_point[i]), []).append(i)
+        self.src_wait_at, self.op_wait_at = swap_waits(self.model, life)
+
+    # ------------------------------------------------------------ one boundary
+    def walk(self) -> _Run:
+        """Every boundary in order: frees, swap-outs, releases, swap-ins, recomputes and
+        waits, then op b itself on the compute engine."""
+        n, n_fwd, rec, dur, top = self.n, self.n_fwd, self.rec, self.dur, self.top
+        free_at, so_at, c_free, vdnn = self.free_at, self.so_at, self.c_free, self.vdnn
+        limited = not self.unlimited
+        for b in range(n + 1):
+            if b == n_fwd:
+                self.forward_end = self.t
+            if rec:
+                rec.arrive(b, self.t)
+                for i in free_at.get(b, ()):
+                    rec.action(b, "free", i)
+            if c_free and b in free_at:
+                self.t += c_free * len(free_at[b])
+            if b in so_at:
+                self._swap_outs(b)
+            if self.inflight or self.done_wait:
+                self._release_done(b)
+            if vdnn:
+                self._vdnn_offload_waits(b)
+            if (b < n and limited and top[b] > self.budget
+                    and not self._force_release(b, 0) and not self.overflow):
+                self.overflow = (f"op {b} ({self.model.names[b]}) needs {int(top[b])} "
+                                 f"bytes with every possible release done; budget "
+                                 f"{int(self.budget)}")
+            sync_now = self._swap_ins(b) if n_fwd <= b < n else []
+            self._recomputes_and_waits(b, sync_now)
+            if b < n:
+                if rec:
+                    rec.op(b, self.t)
+                self.t += dur[b]
+        if self.n_fwd >= n:
+            self.forward_end = self.t
+        return self
+
+    def _swap_outs(self, b: int) -> None:
+        for i in self.so_at.get(b, ()):
+            self.t += self.c_so
+            start = max(self.t, self.d2h_free)
+            self.d2h_free = self.so_done[i] = start + self.so_s[i]
+            self.inflight.append(i)
+            if self.rec:
+                self.rec.action(b, "swap_out", i)
+                self.rec.transfer(i, "d2h", b, start, self.d2h_free)
+
+    def _vdnn_offload_waits(self, b: int) -> None:
+        """vDNN offload: compute waits for the copy at the end of the layer."""
+        for i in [j for j in self.inflight if self.last_fwd[j] < b]:
+            if not self.released[i]:
+                self._wait_swap_out(i, b)
+
+    def _swap_ins(self, b: int) -> list[int]:
+        """Start the swap-ins due at backward boundary b, in first-need order: those whose
+        timing target has come and that fit (a map needed right here is forced, releasing
+        what it must). Returns vDNN's prefetches, which the next op synchronizes on."""
+        sync_now: list[int] = []
+        window_end = self._vdnn_window_end(b) if self.vdnn else self.n
+        queue, first_at = self.queue, self.first_at
+        while self.qpos < len(queue):   # each round starts a swap-in (qpos + 1) or breaks
+            i = queue[self.qpos]
+            forced = first_at[i] == b
+            if not forced:
+                if self.target[i] > b:
+                    break
+                if self.vdnn and first_at[i] > window_end:   # one prefetch per op, in window
+                    break
+            if not self.released[i]:
+                if not forced:
+                    break
+                self._wait_swap_out(i, b)
+            if not self._room(i, b):
+                if not forced:
+                    if self.timing != "early" and b == max(self.target[i], self.n_fwd):
+                        self.delayed += 1
+                    break
+                if not self._force_release(b, self.nbytes[i]) and not self.overflow:
+                    self.overflow = (f"swap-in of tensor {int(self.model.tensor[i])} before op "
+                                     f"{b} ({self.model.names[b]}) does not fit the budget "
+                                     f"{int(self.budget)}")
+            self._swap_in(i, b)
+            self.qpos += 1
+            if self.vdnn and not forced:
+                sync_now.append(i)
+                break
+        return sync_now
+
+    def _vdnn_window_end(self, b: int) -> int:
+        """vDNN prefetches only up to the backward of the previous convolution."""
+        conv_bwd = self.model.conv_bwd
+        pos = np.searchsorted(conv_bwd, b + 1)
+        return int(conv_bwd[pos]) if pos < len(conv_bwd) else self.n
+
+    def _recomputes_and_waits(self, b: int, sync_now: list[int]) -> None:
+        """Recompute (its sources' swap-ins waited for first), then the op's own waits, then
+        vDNN's synchronisation on the previous op's prefetches."""
+        if b in self.rc_at:
+            for i in self.src_wait_at.get(b, ()):
+                self._wait_for(i, b)
+            for i in self.rc_at[b]:
+                start = self.t
+                self.t += self.rc_s[i] + self.c_rc
+                if self.rec:
+                    self.rec.action(b, "recompute", i)
+                    self.rec.recompute(i, b, start, self.t)
+        for i in self.op_wait_at.get(b, ()):
+            self._wait_for(i, b)
+        for i in self.sync_prev:
+            if self.first_at[i] != b:
+                self._wait_for(i, b)
+        self.sync_prev = sync_now
+
+    # ------------------------------------------------------------ the engines' steps
+    def _release(self, i: int, b: int) -> None:
+        self.releases += 1
+        self.t += self.c_rel
+        self.released[i] = True
+        self.top[b:self.end_at[i]] -= self.nbytes[i]       # sim/memory.occupy, inlined
+        self.level[b:self.end_at[i]] -= self.nbytes[i]
+        if self.rec:
+            self.rec.action(b, "release", i)
+
+    def _release_done(self, b: int) -> None:
+        """Release every finished swap-out whose map no forward op still reads."""
+        inflight, so_done, last_fwd = self.inflight, self.so_done, self.last_fwd
+        while inflight and so_done[inflight[0]] <= self.t + EPS:   # one map per round
             i = inflight.popleft()
             if last_fwd[i] < b:
-                release(i, b)
+                self._release(i, b)
             else:
-                done_wait.append(i)
-        if done_wait:
+                self.done_wait.append(i)
+        if self.done_wait:
             keep = []
-            for i in done_wait:
+            for i in self.done_wait:
                 if last_fwd[i] < b:
-                    release(i, b)
+                    self._release(i, b)
                 else:
                     keep.append(i)
-            done_wait = keep
+            self.done_wait = keep
 
-    def wait_swap_out(i: int, b: int) -> None:
+    def _wait_swap_out(self, i: int, b: int) -> None:
         """Compute waits for map i's swap-out to finish, then releases whatever is done."""
-        nonlocal t
-        if so_done[i] > t + EPS:
-            stall_d2h[i] += so_done[i] - t
-            t = so_done[i]
-        l_out.add(i)
-        release_done(b)
+        if self.so_done[i] > self.t + EPS:
+            self.stall_d2h[i] += self.so_done[i] - self.t
+            self.t = self.so_done[i]
+        self.l_out.add(i)
+        self._release_done(b)
 
-    def force_release(b: int, need: float) -> bool:
+    def _force_release(self, b: int, need: float) -> bool:
         """Release pending swap-outs in copy order until ``need`` bytes fit; stall compute.
 
         Bounded: each round releases map i or raises. Copy ends are non-decreasing in copy
         order when copy times are finite and >= 0, so after waiting for i every copy queued
         before it is done too and leaves ``inflight`` along with i."""
-        while top[b] + need > budget:
-            i = next((j for j in inflight if last_fwd[j] < b), -1)
+        while self.top[b] + need > self.budget:
+            i = next((j for j in self.inflight if self.last_fwd[j] < b), -1)
             if i < 0:
                 return False
-            wait_swap_out(i, b)
-            if not released[i]:
-                raise ValueError(f"swap-out of tensor {int(model.tensor[i])} never completes "
-                                 f"(copy times must be finite and >= 0; got {so_s[i]!r} s)")
+            self._wait_swap_out(i, b)
+            if not self.released[i]:
+                raise ValueError(f"swap-out of tensor {int(self.model.tensor[i])} never "
+                                 f"completes (copy times must be finite and >= 0; got "
+                                 f"{self.so_s[i]!r} s)")
         return True
 
-    def room(i: int, b: int) -> bool:
+    def _room(self, i: int, b: int) -> bool:
         """Whether map i fits from boundary b to its last use. A map blocked by a peak that
         is still ahead, with no release since, is still blocked (swap-ins only add bytes)."""
-        nonlocal blocked
-        if unlimited:
+        if self.unlimited:
             return True
-        if blocked[0] == i and blocked[1] >= b and blocked[2] == releases:
+        blocked = self.blocked
+        if blocked[0] == i and blocked[1] >= b and blocked[2] == self.releases:
             return False
-        window = top[b:end_at[i]]
+        window = self.top[b:self.end_at[i]]
         k = int(window.argmax())
-        if window[k] + nbytes[i] <= budget:
+        if window[k] + self.nbytes[i] <= self.budget:
             return True
-        blocked = (i, b + k, releases)
+        self.blocked = (i, b + k, self.releases)
         return False
 
-    def swap_in(i: int, b: int) -> None:
-        nonlocal h2d_free, t
-        t += c_si
-        top[b:end_at[i]] += nbytes[i]           # sim/memory.occupy, inlined (hot loop)
-        level[b:end_at[i]] += nbytes[i]
-        start = max(t, h2d_free)
-        h2d_free = si_done[i] = start + si_s[i]
-        if rec:
-            rec.action(b, "swap_in", i)
-            rec.transfer(i, "h2d", b, start, h2d_free)
+    def _swap_in(self, i: int, b: int) -> None:
+        self.t += self.c_si
+        self.top[b:self.end_at[i]] += self.nbytes[i]       # sim/memory.occupy, inlined
+        self.level[b:self.end_at[i]] += self.nbytes[i]
+        start = max(self.t, self.h2d_free)
+        self.h2d_free = self.si_done[i] = start + self.si_s[i]
+        if self.rec:
+            self.rec.action(b, "swap_in", i)
+            self.rec.transfer(i, "h2d", b, start, self.h2d_free)
 
-    def wait_for(i: int, b: int) -> None:
-        nonlocal t
-        t += c_wait
-        if si_done[i] > t + EPS:
-            stall_h2d[i] += si_done[i] - t
-            t = si_done[i]
-            if b >= n_fwd:
-                l_in.add(i)
-        if rec:
-            rec.action(b, "wait", i)
+    def _wait_for(self, i: int, b: int) -> None:
+        self.t += self.c_wait
+        if self.si_done[i] > self.t + EPS:
+            self.stall_h2d[i] += self.si_done[i] - self.t
+            self.t = self.si_done[i]
+            if b >= self.n_fwd:
+                self.l_in.add(i)
+        if self.rec:
+            self.rec.action(b, "wait", i)
 
-    forward_end = 0.0
-    for b in range(n + 1):
-        if b == n_fwd:
-            forward_end = t
-        if rec:
-            rec.arrive(b, t)
-            for i in free_at.get(b, ()):
-                rec.action(b, "free", i)
-        if c_free and b in free_at:
-            t += c_free * len(free_at[b])
-        for i in so_at.get(b, ()):
-            t += c_so
-            start = max(t, d2h_free)
-            d2h_free = so_done[i] = start + so_s[i]
-            inflight.append(i)
-            if rec:
-                rec.action(b, "swap_out", i)
-                rec.transfer(i, "d2h", b, start, d2h_free)
-        if inflight or done_wait:
-            release_done(b)
-        if vdnn:   # vDNN offload: compute waits for the copy at the end of the layer
-            for i in [j for j in inflight if last_fwd[j] < b]:
-                if not released[i]:
-                    wait_swap_out(i, b)
-        if b < n and not unlimited and top[b] > budget and not force_release(b, 0) and not overflow:
-            overflow = (f"op {b} ({model.names[b]}) needs {int(top[b])} bytes with every "
-                        f"possible release done; budget {int(budget)}")
-        # swap-ins
-        sync_now: list[int] = []
-        if b >= n_fwd and b < n:
-            window_end = n
-            if vdnn:
-                pos = np.searchsorted(conv_bwd, b + 1)
-                window_end = int(conv_bwd[pos]) if pos < len(conv_bwd) else n
-            while qpos < len(queue):   # each round starts a swap-in (qpos + 1) or breaks
-                i = queue[qpos]
-                forced = first_at[i] == b
-                if not forced:
-                    if target[i] > b:
-                        break
-                    if vdnn and first_at[i] > window_end:   # one prefetch per op, in the window
-                        break
-                if not released[i]:
-                    if not forced:
-                        break
-                    wait_swap_out(i, b)
-                if not room(i, b):
-                    if not forced:
-                        if timing != "early" and b == max(target[i], n_fwd):
-                            delayed += 1
-                        break
-                    if not force_release(b, nbytes[i]) and not overflow:
-                        overflow = (f"swap-in of tensor {int(model.tensor[i])} before op {b} "
-                                    f"({model.names[b]}) does not fit the budget {int(budget)}")
-                swap_in(i, b)
-                qpos += 1
-                if vdnn and not forced:
-                    sync_now.append(i)
-                    break
-        # recompute (sources first), then the op's own waits
-        if b in rc_at:
-            for i in src_wait_at.get(b, ()):
-                wait_for(i, b)
-            for i in rc_at[b]:
-                start = t
-                t += rc_s[i] + c_rc
-                if rec:
-                    rec.action(b, "recompute", i)
-                    rec.recompute(i, b, start, t)
-        for i in op_wait_at.get(b, ()):
-            wait_for(i, b)
-        for i in sync_prev:
-            if first_at[i] != b:
-                wait_for(i, b)
-        sync_prev = sync_now
-        if b < n:
-            if rec:
-                rec.op(b, t)
-            t += dur[b]
-    if n_fwd >= n:
-        forward_end = t
-
-    for i in swapped:
-        if so_done[i] > forward_end + EPS:
-            l_out.add(i)
-    peak = int(top.max()) if len(top) else 0
-    host = host_peak(model, codes)
-    reason = "" if unlimited or peak <= budget else (
-        overflow or f"peak {peak} bytes exceeds the budget {int(budget)}")
-    if not reason and host > host_budget:
-        reason = (f"the swapped maps hold {host} bytes on the host at once; host budget "
-                  f"{int(host_budget)} (recompute or keep some instead)")
-    result = RunResult(t, not reason, peak, reason, forward_end, sorted(l_out), sorted(l_in),
-                       np.array(stall_d2h), np.array(stall_h2d), delayed, host_peak_bytes=host)
-    if rec:
-        result.trace = rec.finish(level, top)
-        result.trace["host"] = host_level(model, codes)
-    return result
+    # ------------------------------------------------------------ the outcome
+    def result(self, codes: np.ndarray, host_budget: float) -> RunResult:
+        """Time, feasibility (device and host budgets) and, when recorded, the trace."""
+        model, budget = self.model, self.budget
+        for i in self.swapped:
+            if self.so_done[i] > self.forward_end + EPS:
+                self.l_out.add(i)
+        peak = int(self.top.max()) if len(self.top) else 0
+        host = host_peak(model, codes)
+        reason = "" if self.unlimited or peak <= budget else (
+            self.overflow or f"peak {peak} bytes exceeds the budget {int(budget)}")
+        if not reason and host > host_budget:
+            reason = (f"the swapped maps hold {host} bytes on the host at once; host budget "
+                      f"{int(host_budget)} (recompute or keep some instead)")
+        result = RunResult(self.t, not reason, peak, reason, self.forward_end,
+                           sorted(self.l_out), sorted(self.l_in), np.array(self.stall_d2h),
+                           np.array(self.stall_h2d), self.delayed, host_peak_bytes=host)
+        if self.rec:
+            result.trace = self.rec.finish(self.level, self.top)
+            result.trace["host"] = host_level(model, codes)
+        return result
 
 
 class _Recorder:
