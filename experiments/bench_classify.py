@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     from pooch_ext.analytic.tracing import analytic_profile
     from pooch_ext.policies import POLICY_NAMES, get_policy
     from pooch_ext.policies.search import SearchStats
-    from pooch_ext.sim.engine import minimum_budget
+    from pooch_ext.sim.budgets import minimum_budget
     from pooch_ext.report.timeline import plot_timeline
     from pooch_ext.units import format_bytes, parse_bytes
 

@@ -50,7 +50,7 @@ def _case(profile, link, frac, name):
     from pooch_ext.exact import exact_best
     from pooch_ext.policies import get_policy
     from pooch_ext.sim.model import compile_profile
-    from pooch_ext.sim.engine import minimum_budget
+    from pooch_ext.sim.budgets import minimum_budget
 
     lo, hi = minimum_budget(profile), profile.incore_peak_bytes
     budget = int(lo + frac * (hi - lo))

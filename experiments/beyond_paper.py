@@ -37,7 +37,7 @@ import fig17_20_batch_sweep as batch_sweep
 import fig21_22_resnext3d as resnext
 import matplotlib.pyplot as plt
 from pooch_ext.links import PRESETS, Link
-from pooch_ext.sim.engine import budget_between
+from pooch_ext.sim.budgets import budget_between
 from pooch_ext.analytic.synthetic import random_profile
 
 OUT = common.RESULTS / "beyond"

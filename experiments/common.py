@@ -31,7 +31,7 @@ from pooch_ext.links import Link, get_link  # noqa: E402
 from pooch_ext.plan import Plan  # noqa: E402
 from pooch_ext.policies import get_policy  # noqa: E402
 from pooch_ext.profile import Profile  # noqa: E402
-from pooch_ext.sim.engine import minimum_budget  # noqa: E402
+from pooch_ext.sim.budgets import minimum_budget  # noqa: E402
 from pooch_ext.units import parse_bytes  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"

@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     import pooch_ext  # noqa: F401
     from pooch_ext.links import Link, get_link
-    from pooch_ext.sim.engine import budget_between, minimum_budget
+    from pooch_ext.sim.budgets import budget_between, minimum_budget
 
     cpu = get_link("cpu")
     links = {"cpu": cpu, "cpu-fast": Link("cpu-fast", 6 * cpu.d2h_bytes_per_s,

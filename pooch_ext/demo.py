@@ -139,7 +139,7 @@ def _choose_budget(args: argparse.Namespace, gpu: bool, where: str) -> dict:
     """Measure the in-core need, then the budget: ``--budget-fraction`` of it, or just above
     the smallest budget any plan reaches where that is below it (with a note)."""
     from pooch_ext.measure import measured_profile
-    from pooch_ext.sim.engine import budget_between, minimum_budget
+    from pooch_ext.sim.budgets import budget_between, minimum_budget
     from pooch_ext.units import format_bytes
 
     probe = measured_profile(args.model, args.batch, iters=2, link=args.link, gpu=gpu)

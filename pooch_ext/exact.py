@@ -26,7 +26,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from pooch_ext.sim.model import KEEP, NAME, RECOMPUTE, SWAP, SimModel
-from pooch_ext.sim.engine import fits, run, tightest_codes
+from pooch_ext.sim.budgets import fits, tightest_codes
+from pooch_ext.sim.engine import run
 
 MAX_MAPS = 16
 

@@ -37,7 +37,7 @@ import pandas as pd
 from pooch_ext.errors import PoochError
 
 if TYPE_CHECKING:
-    from pooch_ext.sim.engine import Timeline
+    from pooch_ext.sim.timeline import Timeline
 
 CLASSES = ("keep", "swap", "recompute")
 ACTIONS = ("swap_out", "release", "swap_in", "wait", "recompute", "free")

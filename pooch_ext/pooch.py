@@ -54,7 +54,8 @@ from pooch_ext.links import Link, get_link
 from pooch_ext.plan import Plan
 from pooch_ext.policies import get_policy
 from pooch_ext.profile import Device, Profile
-from pooch_ext.sim.engine import minimum_budget, resolve_host_budget, simulate_plan
+from pooch_ext.sim.budgets import minimum_budget, resolve_host_budget
+from pooch_ext.sim.engine import simulate_plan
 from pooch_ext.units import format_bytes, parse_bytes
 
 log = logging.getLogger("pooch_ext")

@@ -82,7 +82,6 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
 
 import numpy as np
 import pandas as pd
@@ -90,169 +89,10 @@ import pandas as pd
 from pooch_ext.errors import ProfileError
 from pooch_ext.links import Link
 from pooch_ext.plan import ACTIONS
+from pooch_ext.profile_format import (FORMAT_VERSION, HEADER_FILE, TABLES, format_shape,  # noqa: F401
+                                      parse_frame, parse_int, read_header, read_table)
 from pooch_ext.profile_check import (MAX_BYTES, MEMORY_CATEGORIES, MEMORY_KINDS,  # noqa: F401
                                      PHASES, TENSOR_KINDS, Problem, ProfileProblems, check_tables)
-
-FORMAT_VERSION = 1
-HEADER_FILE = "profile.json"
-
-
-# ---------------------------------------------------------------- column specs
-# Each column has a cell type; CSV stores lists as space-separated ints, shapes as "2x3x4".
-
-def _missing(text: Any) -> bool:
-    return text is None or (isinstance(text, float) and math.isnan(text))
-
-
-def _parse_int(value: Any) -> int:
-    """An integer cell: int, integral float or decimal text; never a bool, a fraction or NaN."""
-    if isinstance(value, (bool, np.bool_)):
-        raise ValueError("a boolean is not an integer")
-    if isinstance(value, (float, np.floating)):
-        if not float(value).is_integer():
-            raise ValueError("not an integer")
-        value = int(value)
-    number = int(value.strip()) if isinstance(value, str) else int(value)
-    if abs(number) > MAX_BYTES:
-        raise OverflowError(f"beyond {MAX_BYTES}")
-    return number
-
-
-def _parse_held(value: Any) -> int:
-    """held_until: -1 where missing (nothing holds the tensor past its last use)."""
-    return -1 if _missing(value) else _parse_int(value)
-
-
-def _parse_runtime(value: Any) -> float:
-    """runtime_s: 0 where missing (analytic profiles, folders saved before it existed)."""
-    return 0.0 if _missing(value) else _parse_float(value)
-
-
-def _parse_rerun(value: Any) -> float:
-    """rerun_s: NaN where missing, filled with the op's duration_s by the Profile."""
-    return math.nan if _missing(value) or value == "" else _parse_float(value)
-
-
-def _parse_float(value: Any) -> float:
-    if isinstance(value, (bool, np.bool_)):
-        raise ValueError("a boolean is not a number")
-    return float(value)
-
-
-def _ints(text: Any, sep: str | None) -> list[int]:
-    """A cell's integers: a sequence as it is, text split at ``sep``; empty or missing: []."""
-    if isinstance(text, (list, tuple, np.ndarray)):
-        return [_parse_int(v) for v in text]
-    text = "" if _missing(text) else str(text).strip()
-    return [_parse_int(part) for part in text.split(sep)] if text else []
-
-
-def _parse_int_list(text: Any) -> list[int]:
-    return _ints(text, None)
-
-
-def _format_int_list(values: Any) -> str:
-    return " ".join(str(int(v)) for v in values)
-
-
-def _parse_shape(text: Any) -> tuple[int, ...]:
-    return tuple(_ints(text, "x"))
-
-
-def format_shape(shape: Any) -> str:
-    """(2, 3, 4) -> '2x3x4': how profiles (and the tables made from them) write shapes."""
-    return "x".join(str(int(v)) for v in shape)
-
-
-def _parse_bool(text: Any) -> bool:
-    if isinstance(text, (bool, np.bool_)):
-        return bool(text)
-    lowered = str(text).strip().lower()
-    if lowered in ("true", "1"):
-        return True
-    if lowered in ("false", "0"):
-        return False
-    raise ValueError(f"not a boolean: {text!r}")
-
-
-def _parse_str(text: Any) -> str:
-    return "" if _missing(text) else str(text)
-
-
-@dataclass(frozen=True)
-class Column:
-    name: str
-    parse: Callable[[Any], Any]
-    format: Callable[[Any], Any] = lambda v: v
-    optional: bool = False      # folders saved before the column existed load without it
-
-
-OPS_COLUMNS = (
-    Column("op", _parse_int), Column("phase", _parse_str), Column("name", _parse_str),
-    Column("label", _parse_str), Column("fwd_op", _parse_int), Column("duration_s", _parse_float),
-    Column("inputs", _parse_int_list, _format_int_list),
-    Column("outputs", _parse_int_list, _format_int_list),
-    Column("needs", _parse_int_list, _format_int_list),
-    Column("transient_bytes", _parse_int),
-    Column("runtime_s", _parse_runtime, optional=True),
-    Column("rerun_s", _parse_rerun, optional=True),
-)
-TENSORS_COLUMNS = (
-    Column("tensor", _parse_int), Column("producer", _parse_int), Column("output_index", _parse_int),
-    Column("shape", _parse_shape, format_shape), Column("dtype", _parse_str),
-    Column("bytes", _parse_int), Column("kind", _parse_str),
-    Column("fwd_consumers", _parse_int_list, _format_int_list),
-    Column("bwd_consumers", _parse_int_list, _format_int_list),
-    Column("swap_out_s", _parse_float), Column("swap_in_s", _parse_float),
-    Column("recompute_ops", _parse_int_list, _format_int_list),
-    Column("recompute_sources", _parse_int_list, _format_int_list),
-    Column("recompute_s", _parse_float),
-    Column("can_keep", _parse_bool), Column("can_swap", _parse_bool),
-    Column("can_recompute", _parse_bool), Column("why_not", _parse_str),
-    Column("held_until", _parse_held, optional=True),
-)
-MEMORY_COLUMNS = (
-    Column("seq", _parse_int), Column("op", _parse_int), Column("kind", _parse_str),
-    Column("bytes", _parse_int), Column("tensor", _parse_int), Column("category", _parse_str),
-)
-TABLES = {"ops": OPS_COLUMNS, "tensors": TENSORS_COLUMNS, "memory": MEMORY_COLUMNS}
-SCALAR_TYPES = {_parse_int: "int64", _parse_float: "float64", _parse_bool: bool}
-EXPECTED = {_parse_int: "an integer", _parse_held: "an integer", _parse_float: "a number",
-            _parse_bool: "true or false", _parse_runtime: "a number", _parse_rerun: "a number",
-            _parse_int_list: "integers separated by spaces",
-            _parse_shape: "a shape such as 2x3x4"}
-
-
-def _frame(table: str, rows: list[dict] | pd.DataFrame, problems: list[Problem]) -> pd.DataFrame:
-    """Rows as a frame with exactly the contract's columns and cell types; what cannot be
-    read goes to ``problems`` (a missing number or boolean column, an unreadable cell)."""
-    columns = TABLES[table]
-    frame = pd.DataFrame(rows)
-    parsed = {}
-    for column in columns:
-        if column.name not in frame.columns:
-            if column.parse in SCALAR_TYPES:
-                problems.append(Problem(table, None, column.name, "missing"))
-                continue
-            frame[column.name] = pd.Series(dtype=object)
-        values = []
-        for row, cell in enumerate(frame[column.name]):
-            try:
-                values.append(column.parse(cell))
-            except (ValueError, TypeError, OverflowError) as error:
-                why = f" ({error})" if str(error).startswith("beyond") else ""
-                problems.append(Problem(table, row, column.name, f"cannot read {cell!r} as "
-                                                                 f"{EXPECTED[column.parse]}{why}"))
-                break
-        parsed[column.name] = values
-    if problems:
-        return frame
-    out = pd.DataFrame(parsed, columns=[c.name for c in columns])
-    for column in columns:
-        if column.parse in SCALAR_TYPES:
-            out[column.name] = out[column.name].astype(SCALAR_TYPES[column.parse])
-    return out
-
 
 # ---------------------------------------------------------------- the profile
 
@@ -292,14 +132,14 @@ class Profile:
 
     def __post_init__(self) -> None:
         problems: list[Problem] = []
-        self.ops = _frame("ops", self.ops, problems)
-        self.tensors = _frame("tensors", self.tensors, problems)
-        self.memory = _frame("memory", self.memory, problems)
+        self.ops = parse_frame("ops", self.ops, problems)
+        self.tensors = parse_frame("tensors", self.tensors, problems)
+        self.memory = parse_frame("memory", self.memory, problems)
         if problems:
             raise ProfileProblems(problems)
         self.ops["rerun_s"] = self.ops["rerun_s"].fillna(self.ops["duration_s"])
         try:
-            self.resident_bytes = _parse_int(self.resident_bytes)
+            self.resident_bytes = parse_int(self.resident_bytes)
         except (ValueError, TypeError, OverflowError):
             self.resident_bytes = -1
         if not 0 <= self.resident_bytes <= MAX_BYTES:
@@ -422,8 +262,8 @@ class Profile:
         directory = Path(directory)
         if not directory.is_dir():
             raise ProfileError(f"{directory}: not a profile folder (no such directory)")
-        header = _read_header(directory / HEADER_FILE)
-        tables = {name: _read_table(directory / f"{name}.csv", columns, header["rows"].get(name))
+        header = read_header(directory / HEADER_FILE)
+        tables = {name: read_table(directory / f"{name}.csv", columns, header["rows"].get(name))
                   for name, columns in TABLES.items()}
         try:
             device = Device(**header["device"])
@@ -479,47 +319,3 @@ def _frames_equal(a: pd.DataFrame, b: pd.DataFrame) -> bool:
                 [list(x) if isinstance(x, (list, tuple)) else x for x in right]:
             return False
     return True
-
-
-def _read_header(path: Path) -> dict:
-    if not path.is_file():
-        raise ProfileError(f"{path}: missing (a profile folder holds {HEADER_FILE}, "
-                           f"{', '.join(f'{t}.csv' for t in TABLES)})")
-    try:
-        header = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise ProfileError(f"{path}: not valid JSON ({error})") from None
-    if not isinstance(header, dict):
-        raise ProfileError(f"{path}: expected a JSON object")
-    for key in ("format_version", "resident_bytes", "device", "link", "rows"):
-        if key not in header:
-            raise ProfileError(f"{path}: missing field '{key}'")
-    if header["format_version"] != FORMAT_VERSION:
-        raise ProfileError(f"{path}: field 'format_version' is {header['format_version']!r}, "
-                           f"this pooch-ext reads {FORMAT_VERSION}")
-    if type(header["resident_bytes"]) is not int or not 0 <= header["resident_bytes"] <= MAX_BYTES:
-        raise ProfileError(f"{path}: field 'resident_bytes' must be an integer in 0..{MAX_BYTES}")
-    for key in ("device", "link", "rows", "meta", "action_s"):
-        if not isinstance(header.get(key, {}), dict):
-            raise ProfileError(f"{path}: field '{key}' must be an object")
-    return header
-
-
-def _read_table(path: Path, columns: tuple[Column, ...], expected_rows: int | None) -> pd.DataFrame:
-    if not path.is_file():
-        raise ProfileError(f"{path}: missing")
-    try:
-        raw = pd.read_csv(path, dtype=str, keep_default_na=False)
-    except pd.errors.EmptyDataError:
-        raise ProfileError(f"{path}: empty file (expected a header row)") from None
-    except (pd.errors.ParserError, UnicodeDecodeError) as error:
-        raise ProfileError(f"{path}: not a readable CSV ({str(error).splitlines()[0]})") from None
-    missing = [c.name for c in columns if c.name not in raw.columns and not c.optional]
-    if missing:
-        raise ProfileError(f"{path}: missing field(s) {', '.join(repr(m) for m in missing)}")
-    if expected_rows is not None and len(raw) != expected_rows:
-        raise ProfileError(f"{path}: {len(raw)} rows, the header promises {expected_rows} "
-                           "(file truncated?)")
-    if not path.read_bytes().endswith(b"\n"):   # save() ends every line: a cut last row
-        raise ProfileError(f"{path}: the last line has no end (file truncated?)")
-    return raw

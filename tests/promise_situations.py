@@ -32,7 +32,7 @@ from chainer import optimizer_hooks, static_graph
 
 from pooch_ext.errors import BudgetTooSmallError, PoochError
 from pooch_ext.hooks.training import model_state, states_equal
-from pooch_ext.sim.engine import fraction_between, minimum_budget
+from pooch_ext.sim.budgets import fraction_between, minimum_budget
 
 SEED, LOOP_SEED = 0, 1
 PROFILE_ITERS = 2

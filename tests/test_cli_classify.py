@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from pooch_ext.cli import main
-from pooch_ext.sim.engine import budget_between, minimum_budget
+from pooch_ext.sim.budgets import budget_between, minimum_budget
 from pooch_ext.analytic.synthetic import random_profile
 
 FIELDS = {"policy", "link", "budget_bytes", "feasible", "iteration_time_s", "peak_bytes",

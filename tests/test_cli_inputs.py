@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from pooch_ext.cli import build_parser, main
-from pooch_ext.sim.engine import budget_between
+from pooch_ext.sim.budgets import budget_between
 from pooch_ext.analytic.synthetic import random_profile
 
 README = (Path(__file__).resolve().parents[1] / "README.md").read_text()

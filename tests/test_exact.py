@@ -6,7 +6,7 @@ import pytest
 from pooch_ext.exact import brute_force, exact_best
 from pooch_ext.policies import get_policy
 from pooch_ext.sim.model import compile_profile
-from pooch_ext.sim.engine import minimum_budget
+from pooch_ext.sim.budgets import minimum_budget
 from pooch_ext.analytic.synthetic import random_profile
 
 

@@ -16,7 +16,9 @@ from pooch_ext.hooks.training import (BranchyNet, make_optimizer, model_state, s
 from pooch_ext.plan import Plan
 from pooch_ext.policies import get_policy
 from pooch_ext.profile import Profile
-from pooch_ext.sim.engine import budget_between, schedule_memory, simulate_plan
+from pooch_ext.sim.budgets import budget_between
+from pooch_ext.sim.check import schedule_memory
+from pooch_ext.sim.engine import simulate_plan
 from conftest import tracked_device
 
 ITERS, PROFILE_ITERS = 6, 3

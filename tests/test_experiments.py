@@ -18,7 +18,7 @@ sys.path.insert(0, str(EXPERIMENTS))
 
 import common  # noqa: E402
 import replay  # noqa: E402
-from pooch_ext.sim.engine import budget_between  # noqa: E402
+from pooch_ext.sim.budgets import budget_between  # noqa: E402
 
 
 def check_outputs(folder: Path, csvs: list[str], pngs: list[str]) -> dict[str, pd.DataFrame]:

@@ -14,7 +14,8 @@ import chainer.functions as F
 from pooch_ext.hooks.training import (BranchyNet, make_optimizer, model_state, states_equal,
                                       synthetic_batches, train)
 from pooch_ext.plan import Plan
-from pooch_ext.sim.engine import budget_between, simulate_plan
+from pooch_ext.sim.budgets import budget_between
+from pooch_ext.sim.engine import simulate_plan
 
 pytestmark = pytest.mark.gpu
 

@@ -20,8 +20,8 @@ from pooch_ext.hooks.training import make_optimizer
 from pooch_ext.plan import Plan
 from pooch_ext.policies import POLICY_NAMES, get_policy
 from pooch_ext.sim.model import compile_profile, host_level
-from pooch_ext.sim.engine import (budget_between, fits, minimum_budget, minimum_host_budget, simulate,
-                                  simulate_plan)
+from pooch_ext.sim.budgets import budget_between, fits, minimum_budget, minimum_host_budget
+from pooch_ext.sim.engine import simulate, simulate_plan
 from pooch_ext.analytic.synthetic import random_profile
 from test_runtime_promise import (batches, identical, moved, refused_cleanly,
                                   run, standard_loop)

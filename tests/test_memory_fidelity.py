@@ -18,7 +18,7 @@ from pooch_ext.hooks.cpu_device import CpuDevice
 from pooch_ext.hooks.training import synthetic_batches, train
 from pooch_ext.measure import setup_model
 from pooch_ext.pooch import PoocH
-from pooch_ext.sim.engine import budget_between, minimum_budget
+from pooch_ext.sim.budgets import budget_between, minimum_budget
 
 pytestmark = pytest.mark.skipif(cpu_memory.counter() is None,
                                 reason=f"no counting allocator here: {cpu_memory.failure}")

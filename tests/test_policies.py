@@ -9,7 +9,8 @@ from pooch_ext.errors import BudgetTooSmallError
 from pooch_ext.policies import POLICY_NAMES, get_policy
 from pooch_ext.policies.search import SearchStats
 from pooch_ext.sim.model import compile_profile, is_conv
-from pooch_ext.sim.engine import minimum_budget, schedule_memory, validate_schedule
+from pooch_ext.sim.budgets import minimum_budget
+from pooch_ext.sim.check import schedule_memory, validate_schedule
 from pooch_ext.analytic.synthetic import random_profile
 
 

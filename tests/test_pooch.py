@@ -18,7 +18,7 @@ from pooch_ext.hooks.training import (BranchyNet, make_optimizer, model_state, s
                                       synthetic_batches, train)
 from pooch_ext.plan import Plan
 from pooch_ext.pooch import PoocH
-from pooch_ext.sim.engine import budget_between, minimum_budget
+from pooch_ext.sim.budgets import budget_between, minimum_budget
 from conftest import tracked_device
 
 SHAPE = (3, 16, 16)

@@ -17,7 +17,8 @@ from pooch_ext.plan import Plan
 from pooch_ext.policies import get_policy
 from pooch_ext.profile import Profile
 from pooch_ext.sim.model import SWAP, compile_profile
-from pooch_ext.sim.engine import least_peak, run, simulate
+from pooch_ext.sim.budgets import least_peak
+from pooch_ext.sim.engine import run, simulate
 from pooch_ext.analytic.synthetic import chain_profile
 
 # (table, row, column, value, what the message says); the toy's rows: tensor 2 is the stem

@@ -13,8 +13,9 @@ import pytest
 
 from pooch_ext.errors import ProfileError
 from pooch_ext.policies import get_policy
-from pooch_ext.profile import EXPECTED, HEADER_FILE, TABLES, Profile
-from pooch_ext.sim.engine import budget_between
+from pooch_ext.profile import Profile
+from pooch_ext.profile_format import EXPECTED, HEADER_FILE, TABLES
+from pooch_ext.sim.budgets import budget_between
 from pooch_ext.analytic.synthetic import random_profile
 from test_profile_checks import deadline
 

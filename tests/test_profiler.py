@@ -13,7 +13,7 @@ from pooch_ext.links import get_link
 from pooch_ext.policies import get_policy
 from pooch_ext.profile import Device, Profile
 from pooch_ext.functions import RECOMPUTABLE
-from pooch_ext.sim.engine import budget_between
+from pooch_ext.sim.budgets import budget_between
 from conftest import tracked_device
 
 

@@ -18,8 +18,9 @@ from pooch_ext.errors import BudgetTooSmallError
 from pooch_ext.policies import POLICY_NAMES, get_policy
 from pooch_ext.policies.search import fill_keeps
 from pooch_ext.sim.model import KEEP, SWAP, codes_of, compile_profile
-from pooch_ext.sim.engine import (budget_between, fits, run, schedule_memory, simulate,
-                                 validate_schedule)
+from pooch_ext.sim.budgets import budget_between, fits
+from pooch_ext.sim.check import schedule_memory, validate_schedule
+from pooch_ext.sim.engine import run, simulate
 from pooch_ext.analytic.synthetic import random_profile
 
 

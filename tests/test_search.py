@@ -10,7 +10,8 @@ from pooch_ext.policies import get_policy
 from pooch_ext.policies.search import SearchStats, keep_swap, multi_start, refine
 from pooch_ext.policies.sqrt_n import best_checkpoints, checkpoint_codes
 from pooch_ext.sim.model import KEEP, compile_profile, codes_of
-from pooch_ext.sim.engine import fits, minimum_budget, run, tightest_codes
+from pooch_ext.sim.budgets import fits, minimum_budget, tightest_codes
+from pooch_ext.sim.engine import run
 from pooch_ext.analytic.synthetic import random_profile
 
 GB = 1e9

@@ -12,8 +12,9 @@ import pytest
 from pooch_ext.links import Link
 from pooch_ext.plan import Plan
 from pooch_ext.profile import Profile
-from pooch_ext.sim.engine import (minimum_budget, schedule_memory, simulate_plan,
-                                  validate_schedule)
+from pooch_ext.sim.budgets import minimum_budget
+from pooch_ext.sim.check import schedule_memory, validate_schedule
+from pooch_ext.sim.engine import simulate_plan
 from pooch_ext.analytic.synthetic import chain_profile
 
 SLOW = Link("slow", 4000, 4000, 0.0)

@@ -198,7 +198,7 @@ def profile_stage(backend: Backend, setup: Setup, cfg: Config, throttle: str | N
     from pooch_ext.analytic.costmodel import get_gpu
     from pooch_ext.measure import measured_profile
     from pooch_ext.policies import get_policy
-    from pooch_ext.sim.engine import minimum_budget
+    from pooch_ext.sim.budgets import minimum_budget
 
     link = _link_name(throttle)
     name = f"{setup.model}_b{setup.batch}_{link}"

@@ -9,8 +9,8 @@ from pooch_ext.commands._paths import FILE_HELP, output_file, png_file
 from pooch_ext.links import PRESETS
 from pooch_ext.plan import Plan
 from pooch_ext.profile import Profile
-from pooch_ext.sim.engine import (minimum_budget, minimum_host_budget, require_budget,
-                                 require_host_budget)
+from pooch_ext.sim.budgets import (minimum_budget, minimum_host_budget, require_budget,
+                                   require_host_budget)
 from pooch_ext.units import format_bytes
 
 

@@ -13,7 +13,8 @@ from pooch_ext.commands._paths import output_folder
 from pooch_ext.analytic.costmodel import CONV_IMPLS, GPUS
 from pooch_ext.links import PRESETS
 from pooch_ext.models import MODEL_NAMES
-from pooch_ext.profile import Profile, format_shape
+from pooch_ext.profile import Profile
+from pooch_ext.profile_format import format_shape
 from pooch_ext.units import format_bytes
 
 

@@ -10,7 +10,8 @@ from pooch_ext.links import Link, get_link
 from pooch_ext.plan import Plan
 from pooch_ext.profile import Profile
 from pooch_ext.sim.model import NAME, SimModel, compile_profile
-from pooch_ext.sim.engine import require_budget, require_host_budget, simulate_plan
+from pooch_ext.sim.budgets import require_budget, require_host_budget
+from pooch_ext.sim.engine import simulate_plan
 
 
 class Context:

@@ -29,7 +29,7 @@ from pooch_ext.policies.search import (SearchStats, fill_keeps, keep_swap, multi
                                        recompute_step)
 from pooch_ext.policies.sqrt_n import best_checkpoints
 from pooch_ext.profile import Profile
-from pooch_ext.sim.engine import least_swap_codes, tightest_codes
+from pooch_ext.sim.budgets import least_swap_codes, tightest_codes
 
 
 def classify(profile: Profile, budget: int | str | None = None, link: Link | str | None = None,

@@ -31,7 +31,8 @@ import numpy as np
 from pooch_ext.sim.batch import variant_times
 from pooch_ext.sim.memory import occupy
 from pooch_ext.sim.model import KEEP, RECOMPUTE, SWAP, SimModel, lifetimes, static_top
-from pooch_ext.sim.engine import EPS, fits, run, tightest_codes
+from pooch_ext.sim.budgets import fits, tightest_codes
+from pooch_ext.sim.engine import EPS, run
 
 
 @dataclass

@@ -16,7 +16,8 @@ from pooch_ext.plan import Plan
 from pooch_ext.policies.common import Context
 from pooch_ext.profile import Profile
 from pooch_ext.sim.model import SimModel
-from pooch_ext.sim.engine import checkpoint_codes, fits, run
+from pooch_ext.sim.budgets import checkpoint_codes, fits
+from pooch_ext.sim.engine import run
 
 
 def best_checkpoints(model: SimModel, budget: int,

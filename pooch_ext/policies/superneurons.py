@@ -19,7 +19,7 @@ from pooch_ext.plan import Plan
 from pooch_ext.policies.common import Context
 from pooch_ext.profile import Profile
 from pooch_ext.sim.model import KEEP, RECOMPUTE, SWAP, is_conv
-from pooch_ext.sim.engine import fits
+from pooch_ext.sim.budgets import fits
 
 TIMING = "previous-conv"
 

@@ -5,7 +5,7 @@ from pooch_ext.links import Link
 from pooch_ext.plan import Plan
 from pooch_ext.policies.common import Context
 from pooch_ext.profile import Profile
-from pooch_ext.sim.engine import tightest_codes
+from pooch_ext.sim.budgets import tightest_codes
 
 
 def classify(profile: Profile, budget: int | str | None = None,

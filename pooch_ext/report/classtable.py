@@ -10,7 +10,8 @@ import numpy as np
 import pandas as pd
 
 from pooch_ext.plan import TABLE_COLUMNS, Plan
-from pooch_ext.profile import Profile, format_shape
+from pooch_ext.profile import Profile
+from pooch_ext.profile_format import format_shape
 from pooch_ext.sim.model import SimModel
 
 

@@ -16,7 +16,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
-from pooch_ext.sim.engine import Timeline  # noqa: E402
+from pooch_ext.sim.timeline import Timeline  # noqa: E402
 from pooch_ext.units import binary_unit, format_bytes  # noqa: E402
 
 COLORS = {"forward": "#4c72b0", "backward": "#55a868", "update": "#8172b2",

@@ -14,7 +14,7 @@ import numpy as np
 
 from pooch_ext.sim.model import (KEEP, RECOMPUTE, SWAP, Lifetimes, SimModel, lifetimes,
                                 swap_waits)
-from pooch_ext.sim.engine import EPS   # the same tolerance, or the times would differ
+from pooch_ext.sim.engine import EPS  # the same tolerance, or the times would differ
 
 
 def _variant_needs(model: SimModel, life: Lifetimes, codes: np.ndarray, x: int

@@ -23,31 +23,31 @@ boundary each action happens, from its predicted times:
 Memory of an op b is the level at boundary b plus the op's internal peak (its outputs,
 gradients and scratch, from the profile's events); the plan fits when that never exceeds the
 budget. Feasibility depends only on the classes (model.static_top): the dynamic choices
-always have a tightest fallback, so a plan is infeasible only when its static memory is.
+always have a tightest fallback, so a plan is infeasible only when its static memory is
+(sim/budgets.py answers such questions without simulating; sim/timeline.py turns a recorded
+run into the Timeline and the schedule).
 
 Host memory (model.host_level) depends only on the classes too: a swapped map holds its
 bytes on the host from its swap-out to the end of the iteration. An optional host budget
-(None: unlimited) bounds that peak; ``minimum_host_budget`` is the least a plan needs.
+(None: unlimited) bounds that peak; ``budgets.minimum_host_budget`` is the least a plan needs.
 """
 from __future__ import annotations
 
 import dataclasses
 import math
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
-import pandas as pd
 
-from pooch_ext.report.classtable import plan_table
-from pooch_ext.errors import BudgetTooSmallError, HostBudgetTooSmallError
 from pooch_ext.links import Link
 from pooch_ext.plan import Plan
 from pooch_ext.profile import Profile
-from pooch_ext.units import parse_bytes
-from pooch_ext.sim.model import (KEEP, RECOMPUTE, SWAP, Lifetimes, SimModel, codes_of,
-                                compile_profile, host_level, host_peak, lifetimes, static_top,
-                                swap_waits)
+from pooch_ext.report.classtable import plan_table
+from pooch_ext.sim.budgets import resolve_budget, resolve_host_budget
+from pooch_ext.sim.model import (RECOMPUTE, SWAP, Lifetimes, SimModel, codes_of, compile_profile,
+                                host_level, host_peak, lifetimes, static_top, swap_waits)
+from pooch_ext.sim.timeline import Recorder, Timeline, build_timeline
 
 EPS = 1e-12
 
@@ -70,35 +70,6 @@ class RunResult:
     host_peak_bytes: int = 0    # host bytes the swapped maps hold at once (model.host_peak)
 
 
-@dataclass
-class Timeline:
-    """A simulated iteration: time, memory, intervals per engine, stalls per tensor."""
-
-    feasible: bool
-    reason: str
-    iteration_time_s: float
-    forward_end_s: float
-    peak_bytes: int
-    budget_bytes: int
-    link: str
-    swap_in_timing: str
-    ops: pd.DataFrame           # op, phase, name, start_s, end_s, stall_s, recompute_s
-    transfers: pd.DataFrame     # tensor, direction (d2h/h2d), boundary, start_s, end_s, bytes
-    recomputes: pd.DataFrame    # tensor, boundary, start_s, end_s
-    memory: pd.DataFrame        # boundary, time_s, bytes, peak_bytes
-    stalls: pd.DataFrame        # tensor, swap_out_stall_s, swap_in_stall_s, stall_s
-    l_out: list[int] = field(default_factory=list)   # tensor ids (paper's L_O)
-    l_in: list[int] = field(default_factory=list)    # tensor ids (paper's L_I)
-    delayed_swap_ins: int = 0
-    schedule: pd.DataFrame | None = None
-    host_peak_bytes: int = 0              # host bytes swapped maps hold at once (memory.host_bytes)
-    host_budget_bytes: int | None = None  # None: unlimited
-
-    @property
-    def total_stall_s(self) -> float:
-        return float(self.stalls["stall_s"].sum()) if len(self.stalls) else 0.0
-
-
 # ------------------------------------------------------------------ public API
 
 def simulate(profile: Profile, plan: Plan, link: Link | str | None = None,
@@ -116,7 +87,7 @@ def simulate(profile: Profile, plan: Plan, link: Link | str | None = None,
     host_limit = resolve_host_budget(host_budget)
     result = run(model, codes_of(model, plan.classes), plan.swap_in_timing, budget_bytes,
                  record=True, host_budget=host_limit)
-    return _timeline(model, result, budget_bytes, plan.swap_in_timing, host_limit)
+    return build_timeline(model, result, budget_bytes, plan.swap_in_timing, host_limit)
 
 
 def simulate_plan(profile: Profile, plan: Plan, link: Link | str | None = None,
@@ -135,144 +106,6 @@ def simulate_plan(profile: Profile, plan: Plan, link: Link | str | None = None,
         reason=plan.reason or ("" if timeline.feasible else timeline.reason))
     done.table = plan_table(profile, done, timeline.stalls, model)
     return done
-
-
-def resolve_budget(profile: Profile, budget: int | str | None) -> int:
-    """A budget in bytes (an int, or a string such as "16GiB"); None is the device capacity."""
-    return int(profile.device.capacity_bytes if budget is None else parse_bytes(budget))
-
-
-def require_budget(profile: Profile, budget: int | str | None, what: str = "") -> int:
-    """``resolve_budget``, refusing one below ``minimum_budget`` with BudgetTooSmallError
-    (``what``: who asked, for the message)."""
-    budget_bytes = resolve_budget(profile, budget)
-    minimum = minimum_budget(profile)
-    if budget_bytes < minimum:
-        raise BudgetTooSmallError(budget_bytes, minimum, what)
-    return budget_bytes
-
-
-def minimum_budget(profile: Profile) -> int:
-    """The smallest budget any plan can run in: every map swapped (or, where it may not be,
-    recomputed or kept), each present only while an op reads it."""
-    model = compile_profile(profile)
-    return least_peak(model, tightest_codes(model))
-
-
-def budget_between(profile: Profile, fraction: float) -> int:
-    """A budget ``fraction`` of the way from the smallest any plan reaches (0) to the in-core
-    need (1), in whole bytes: how experiments and tests pick budgets that leave plans a
-    choice."""
-    return fraction_between(minimum_budget(profile), profile.incore_peak_bytes, fraction)
-
-
-def fraction_between(floor: int, incore: int, fraction: float) -> int:
-    """``floor + fraction * (incore - floor)`` in whole bytes: budget_between's rule, also for
-    bounds that are maxima over several profiles."""
-    return int(floor + fraction * (incore - floor))
-
-
-def tightest_codes(model: SimModel) -> np.ndarray:
-    """Swap where allowed, else recompute where allowed, else keep."""
-    return np.where(model.can[:, 1], SWAP, np.where(model.can[:, 2], RECOMPUTE, KEEP))
-
-
-def checkpoint_codes(model: SimModel, spacing: int) -> np.ndarray:
-    """Keep every ``spacing``-th map counted from the input side, recompute the others (kept
-    where they cannot be): Chen et al.'s checkpointing, which swaps nothing."""
-    codes = np.full(model.m, KEEP)
-    for i in range(model.m):
-        if (i + 1) % spacing and model.can[i, RECOMPUTE]:
-            codes[i] = RECOMPUTE
-    return codes
-
-
-def least_peak(model: SimModel, codes: np.ndarray) -> int:
-    """The lowest peak any schedule of these classes reaches (the simulator reaches it when
-    the budget demands)."""
-    _, top = static_top(model, lifetimes(model, codes), minimal=True)
-    return int(top.max())
-
-
-def fits(model: SimModel, codes: np.ndarray, budget: int, host_budget: float = math.inf) -> bool:
-    """Whether some schedule of these classes fits ``budget`` (the simulator finds it) and
-    the host budget (every schedule of them holds the same host memory)."""
-    return ((host_budget == math.inf or host_peak(model, codes) <= host_budget)
-            and least_peak(model, codes) <= budget)
-
-
-# ------------------------------------------------------------------ host memory
-
-def resolve_host_budget(host_budget: int | str | float | None) -> float:
-    """A host budget in bytes (an int, or a string such as "64GiB"; 0 allowed); None (or
-    infinity) is unlimited, returned as math.inf so that comparisons need no special case."""
-    if host_budget is None or host_budget == math.inf:
-        return math.inf
-    return parse_bytes(host_budget, allow_zero=True)
-
-
-def require_host_budget(profile: Profile, budget_bytes: int,
-                        host_budget: int | str | float | None, what: str = "") -> float:
-    """``resolve_host_budget``, refusing one below ``minimum_host_budget`` at ``budget_bytes``
-    with HostBudgetTooSmallError (computed only when a host budget is given)."""
-    limit = resolve_host_budget(host_budget)
-    if math.isfinite(limit):
-        minimum = minimum_host_budget(profile, budget_bytes)
-        if limit < minimum:
-            raise HostBudgetTooSmallError(int(limit), minimum, budget_bytes, what)
-    return limit
-
-
-def minimum_host_budget(profile: Profile, budget: int | str | None = None) -> int:
-    """The least host memory a plan within the device ``budget`` needs: the host peak of
-    ``least_swap_codes`` (0 when a plan that swaps nothing fits). A budget below
-    ``minimum_budget`` raises BudgetTooSmallError."""
-    budget_bytes = require_budget(profile, budget)
-    model = compile_profile(profile)
-    return host_peak(model, least_swap_codes(model, budget_bytes))
-
-
-def least_swap_codes(model: SimModel, budget: int) -> np.ndarray:
-    """The classes with the fewest swapped bytes the planner knows within ``budget`` (which
-    ``minimum_budget`` must allow).
-
-    The host peak is the swapped maps' bytes, so a plan that swaps nothing is the answer
-    wherever one fits: the checkpoint plan of the smallest spacing that fits (in-core
-    first). Otherwise ``_unswapped`` from the tightest plan, in both tie orders, the fewer
-    bytes winning. Its host peak (``minimum_host_budget``) is the refusal threshold: every
-    host budget from it on has this plan, so the pooch search, which starts from it too,
-    always finds a feasible plan there. It bounds the least over all 3^m classifications
-    from above; on random networks small enough to enumerate it met that least in all but
-    4 of 960 cases (one map more).
-    """
-    for spacing in range(1, model.m + 2):
-        codes = checkpoint_codes(model, spacing)
-        if fits(model, codes, budget):
-            return codes
-    tries = [_unswapped(model, budget, side) for side in (1, -1)]
-    return min(tries, key=lambda codes: host_peak(model, codes))
-
-
-def _unswapped(model: SimModel, budget: int, side: int) -> np.ndarray:
-    """The tightest plan with its swapped maps, largest first (equal sizes: input side first
-    for ``side`` 1, output side first for -1), switched to recompute or keep, whichever
-    leaves the lower peak, wherever one fits ``budget``. Leaving swap only adds device
-    memory, so one pass suffices: a switch that does not fit now never fits later."""
-    codes = tightest_codes(model)
-    order = sorted(np.flatnonzero(codes == SWAP).tolist(),
-                   key=lambda j: (-int(model.nbytes[j]), side * int(model.tensor[j])))
-    for i in order:
-        best_peak, best = budget + 1, None
-        for cls in (RECOMPUTE, KEEP):
-            if model.can[i, cls]:
-                trial = codes.copy()
-                trial[i] = cls
-                peak = least_peak(model, trial)
-                if peak < best_peak:
-                    best_peak, best = peak, trial
-        if best is not None:
-            codes = best
-    return codes
 
 
 # ------------------------------------------------------------------ the engine
@@ -345,7 +178,7 @@ class _Run:
         self.delayed = 0
         self.overflow = ""
         self.sync_prev: list[int] = []        # vDNN: prefetches the next op synchronizes on
-        self.rec = _Recorder(self.n) if record else None
+        self.rec = Recorder(self.n) if record else None
         self.releases = 0                     # counts top's decreases (room() memo)
         self.blocked = (-1, -1, -1)           # (map, boundary of the blocking peak, releases)
 
@@ -588,85 +421,9 @@ class _Run:
         return result
 
 
-class _Recorder:
-    """Intervals and actions of one simulation, for the Timeline and the schedule."""
-
-    def __init__(self, n: int) -> None:
-        self.arrival = np.zeros(n + 1)
-        self.start = np.zeros(n)
-        self.actions: list[tuple[int, str, int]] = []
-        self.transfers: list[tuple] = []
-        self.recomputes: list[tuple] = []
-
-    def arrive(self, b: int, t: float) -> None:
-        self.arrival[b] = t
-
-    def op(self, b: int, t: float) -> None:
-        self.start[b] = t
-
-    def action(self, b: int, kind: str, i: int) -> None:
-        self.actions.append((b, kind, i))
-
-    def transfer(self, i, direction, b, start, end) -> None:
-        self.transfers.append((i, direction, b, start, end))
-
-    def recompute(self, i, b, start, end) -> None:
-        self.recomputes.append((i, b, start, end))
-
-    def finish(self, level: np.ndarray, top: np.ndarray) -> dict:
-        return {"arrival": self.arrival, "start": self.start, "actions": self.actions,
-                "transfers": self.transfers, "recomputes": self.recomputes,
-                "level": level.copy(), "top": top.copy()}
-
-
-def _timeline(model: SimModel, r: RunResult, budget: int, timing: str,
-              host_budget: float = math.inf) -> Timeline:
-    tr = r.trace
-    assert tr is not None, "run(..., record=True) records the trace"
-    tid = model.tensor
-    n = model.n
-    start = tr["start"]
-    end = start + model.dur
-    rc = pd.DataFrame(tr["recomputes"], columns=["i", "boundary", "start_s", "end_s"])
-    rc_time = np.zeros(n)
-    if len(rc):
-        inside = rc["boundary"].to_numpy() < n
-        np.add.at(rc_time, rc["boundary"].to_numpy()[inside],
-                  (rc["end_s"] - rc["start_s"]).to_numpy()[inside])
-    arrival = tr["arrival"][:n]
-    stall = np.maximum(0.0, start - arrival - rc_time)
-    ops = pd.DataFrame({"op": np.arange(n), "phase": model.phases, "name": model.names,
-                        "start_s": start, "end_s": end, "stall_s": stall, "recompute_s": rc_time})
-    transfers = pd.DataFrame(tr["transfers"], columns=["i", "direction", "boundary", "start_s", "end_s"])
-    transfers.insert(0, "tensor", tid[transfers.pop("i").to_numpy(np.int64)] if len(transfers)
-                     else pd.Series(dtype="int64"))
-    transfers["bytes"] = model.nbytes[[model.index[t] for t in transfers["tensor"]]] \
-        if len(transfers) else pd.Series(dtype="int64")
-    rc.insert(0, "tensor", tid[rc.pop("i").to_numpy(np.int64)] if len(rc) else pd.Series(dtype="int64"))
-    times = np.r_[start, r.time_s]
-    memory = pd.DataFrame({"boundary": np.arange(n + 1), "time_s": times,
-                           "bytes": tr["level"], "peak_bytes": tr["top"],
-                           "host_bytes": tr["host"]})
-    stalls = pd.DataFrame({"tensor": tid, "swap_out_stall_s": r.stall_d2h,
-                           "swap_in_stall_s": r.stall_h2d})
-    stalls["stall_s"] = stalls.swap_out_stall_s + stalls.swap_in_stall_s
-    schedule = _schedule_frame(model, tr["actions"])
-    return Timeline(r.feasible, r.reason, r.time_s, r.forward_end_s, r.peak_bytes, budget,
-                    model.link.name, timing, ops, transfers, rc, memory, stalls,
-                    [int(tid[i]) for i in r.l_out], [int(tid[i]) for i in r.l_in], r.delayed,
-                    schedule, r.host_peak_bytes,
-                    None if math.isinf(host_budget) else int(host_budget))
-
-
-def _schedule_frame(model: SimModel, actions: list[tuple[int, str, int]]) -> pd.DataFrame:
-    frame = pd.DataFrame(actions, columns=["boundary", "action", "i"])
-    frame["tensor"] = model.tensor[frame.pop("i").to_numpy(np.int64)] if len(frame) else []
-    frame["order"] = frame.groupby("boundary").cumcount() if len(frame) else []
-    frame = frame[["boundary", "order", "action", "tensor"]].astype(
-        {"boundary": "int64", "order": "int64", "tensor": "int64"})
-    frame["action"] = frame["action"].astype(object)
-    return frame.reset_index(drop=True)
-
-
-# re-exported: the schedule's own checks (the executor's tests use them too)
+# The former pooch_ext.simulator's names, for code that imports them from here (one release)
+from pooch_ext.sim.budgets import (budget_between, checkpoint_codes, fits,  # noqa: E402,F401
+                                   fraction_between, least_peak, least_swap_codes,
+                                   minimum_budget, minimum_host_budget, require_budget,
+                                   require_host_budget, tightest_codes)
 from pooch_ext.sim.check import schedule_memory, validate_schedule  # noqa: E402,F401
