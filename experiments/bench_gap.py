@@ -50,10 +50,9 @@ def _case(profile, link, frac, name):
     from pooch_ext.exact import exact_best
     from pooch_ext.policies import get_policy
     from pooch_ext.sim.model import compile_profile
-    from pooch_ext.sim.budgets import minimum_budget
+    from pooch_ext.sim.budgets import budget_between
 
-    lo, hi = minimum_budget(profile), profile.incore_peak_bytes
-    budget = int(lo + frac * (hi - lo))
+    budget = budget_between(profile, frac)
     best = exact_best(compile_profile(profile, link), budget)
     row = dict(network=name, link=link, fraction=frac, budget_bytes=budget,
                feature_maps=len(profile.feature_maps), optimum_s=best.time_s,

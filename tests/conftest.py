@@ -19,6 +19,14 @@ def tracked_device(**kwargs):
     return CpuDevice(measure=False, **kwargs)
 
 
+def saved_profile(tmp_path_factory, profile, folder: str = "profiles"):
+    """``profile`` written to a fresh folder: the profile folders the command-line tests
+    read (module-scoped fixtures pass their ``tmp_path_factory``)."""
+    path = tmp_path_factory.mktemp(folder) / "profile"
+    profile.save(path)
+    return path
+
+
 def cuda_available() -> bool:
     try:
         import cupy

@@ -10,6 +10,7 @@ import pytest
 from pooch_ext.cli import main
 from pooch_ext.sim.budgets import budget_between, minimum_budget
 from pooch_ext.analytic.synthetic import random_profile
+from conftest import saved_profile
 
 FIELDS = {"policy", "link", "budget_bytes", "feasible", "iteration_time_s", "peak_bytes",
           "counts", "classify_seconds"}
@@ -18,9 +19,7 @@ FIELDS = {"policy", "link", "budget_bytes", "feasible", "iteration_time_s", "pea
 @pytest.fixture(scope="module")
 def profile_dir(tmp_path_factory):
     profile = random_profile(6, n_layers=9)
-    path = tmp_path_factory.mktemp("cli") / "profile"
-    profile.save(path)
-    return path, profile
+    return saved_profile(tmp_path_factory, profile, "cli"), profile
 
 
 def run_json(capsys, argv):

@@ -10,6 +10,7 @@ import pytest
 from pooch_ext.cli import build_parser, main
 from pooch_ext.sim.budgets import budget_between
 from pooch_ext.analytic.synthetic import random_profile
+from conftest import saved_profile
 
 README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
 
@@ -17,9 +18,7 @@ README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
     profile = random_profile(6, n_layers=6)
-    path = tmp_path_factory.mktemp("cli") / "profile"
-    profile.save(path)
-    return str(path), budget_between(profile, 0.5)
+    return str(saved_profile(tmp_path_factory, profile, "cli")), budget_between(profile, 0.5)
 
 
 def exit_code(argv: list[str]) -> int:

@@ -6,7 +6,7 @@ import pytest
 from pooch_ext.exact import brute_force, exact_best
 from pooch_ext.policies import get_policy
 from pooch_ext.sim.model import compile_profile
-from pooch_ext.sim.budgets import minimum_budget
+from pooch_ext.sim.budgets import budget_between
 from pooch_ext.analytic.synthetic import random_profile
 
 
@@ -14,8 +14,7 @@ from pooch_ext.analytic.synthetic import random_profile
 def test_branch_and_bound_equals_brute_force_and_bounds_policies(seed, frac):
     profile = random_profile(seed, n_layers=7)
     model = compile_profile(profile)
-    lo, hi = minimum_budget(profile), profile.incore_peak_bytes
-    budget = int(lo + frac * (hi - lo))
+    budget = budget_between(profile, frac)
     best = exact_best(model, budget)
     assert best.time_s == pytest.approx(brute_force(model, budget).time_s, abs=1e-12)
     for name in ("pooch", "swap-opt", "superneurons", "sqrt-n"):

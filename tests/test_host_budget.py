@@ -25,6 +25,7 @@ from pooch_ext.sim.engine import simulate, simulate_plan
 from pooch_ext.analytic.synthetic import random_profile
 from test_runtime_promise import (batches, identical, moved, refused_cleanly,
                                   run, standard_loop)
+from conftest import saved_profile
 
 
 @pytest.fixture(scope="module")
@@ -231,9 +232,7 @@ def test_pooch_trains_exactly_within_a_host_budget(probe):
 
 @pytest.fixture(scope="module")
 def profile_dir(tmp_path_factory, net):
-    path = tmp_path_factory.mktemp("host") / "profile"
-    net.save(path)
-    return str(path)
+    return str(saved_profile(tmp_path_factory, net, "host"))
 
 
 def test_cli_host_budget_json_and_text(profile_dir, net, tmp_path, capsys):

@@ -9,7 +9,7 @@ from pooch_ext.errors import BudgetTooSmallError
 from pooch_ext.policies import POLICY_NAMES, get_policy
 from pooch_ext.policies.search import SearchStats
 from pooch_ext.sim.model import compile_profile, is_conv
-from pooch_ext.sim.budgets import minimum_budget
+from pooch_ext.sim.budgets import budget_between, minimum_budget
 from pooch_ext.sim.check import schedule_memory, validate_schedule
 from pooch_ext.analytic.synthetic import random_profile
 
@@ -19,15 +19,10 @@ def net():
     return random_profile(6, n_layers=9)
 
 
-def tight(profile, frac):
-    lo, hi = minimum_budget(profile), profile.incore_peak_bytes
-    return int(lo + frac * (hi - lo))
-
-
 @pytest.mark.parametrize("name", POLICY_NAMES)
 @pytest.mark.parametrize("frac", [0.0, 0.4])
 def test_feasible_plans_fit_and_infeasible_ones_say_why(name, frac, net):
-    budget = tight(net, frac)
+    budget = budget_between(net, frac)
     plan = get_policy(name).classify(net, budget, "pcie3")
     assert plan.policy == name and plan.budget_bytes == budget and plan.link == "pcie3"
     assert set(plan.classes) == set(net.feature_maps.tensor)
@@ -66,7 +61,7 @@ def test_budget_strings_are_parsed(toy_profile):
 
 
 def test_speeds_are_ordered_like_the_paper_figure_15(net):
-    budget = tight(net, 0.25)
+    budget = budget_between(net, 0.25)
     times = {n: get_policy(n).classify(net, budget, "pcie3").iteration_time_s
              for n in ("swap-all-nosched", "swap-all", "swap-opt", "pooch")}
     assert times["pooch"] <= times["swap-opt"] <= times["swap-all"] <= times["swap-all-nosched"]
@@ -74,7 +69,7 @@ def test_speeds_are_ordered_like_the_paper_figure_15(net):
 
 def test_pooch_records_r_and_recomputes_only_where_r_was_below_one(net):
     stats = SearchStats()
-    plan = get_policy("pooch").classify(net, tight(net, 0.25), "pcie3", refine=False, stats=stats)
+    plan = get_policy("pooch").classify(net, budget_between(net, 0.25), "pcie3", refine=False, stats=stats)
     table = plan.table.set_index("tensor")
     recomputed = table.index[table["class"] == "recompute"]
     assert len(recomputed) and (table.loc[recomputed, "r"] < 1).all()
@@ -82,14 +77,14 @@ def test_pooch_records_r_and_recomputes_only_where_r_was_below_one(net):
 
 
 def test_pooch_recomputes_more_on_a_slow_link(net):
-    budget = tight(net, 0.25)
+    budget = budget_between(net, 0.25)
     slow = get_policy("pooch").classify(net, budget, "pcie3").counts["recompute"]
     fast = get_policy("pooch").classify(net, budget, "c2c").counts["recompute"]
     assert slow > fast
 
 
 def test_superneurons_swaps_convolution_outputs_and_uses_their_timing(net):
-    plan = get_policy("superneurons").classify(net, tight(net, 0.0), "pcie3")
+    plan = get_policy("superneurons").classify(net, budget_between(net, 0.0), "pcie3")
     model = compile_profile(net)
     assert plan.swap_in_timing == "previous-conv"
     for i, t in enumerate(model.tensor):
@@ -108,7 +103,7 @@ def test_vdnn_conv_offloads_only_convolution_inputs(net):
 
 
 def test_sqrt_n_recomputes_and_never_swaps(net):
-    plan = get_policy("sqrt-n").classify(net, tight(net, 0.5), "pcie3")
+    plan = get_policy("sqrt-n").classify(net, budget_between(net, 0.5), "pcie3")
     assert plan.counts["swap"] == 0 and plan.counts["recompute"] > 0
     assert plan.feasible
 
@@ -116,7 +111,7 @@ def test_sqrt_n_recomputes_and_never_swaps(net):
 def test_plan_table_columns_and_csv_round_trip(net, tmp_path):
     from pooch_ext.plan import TABLE_COLUMNS, Plan
 
-    plan = get_policy("pooch").classify(net, tight(net, 0.25), "pcie3")
+    plan = get_policy("pooch").classify(net, budget_between(net, 0.25), "pcie3")
     assert tuple(plan.table.columns) == TABLE_COLUMNS
     assert np.isclose(plan.table.stall_s.sum(), plan.timeline.total_stall_s)
     again = Plan.read_csv(plan.to_csv(tmp_path / "plan.csv"))

@@ -10,16 +10,11 @@ from pooch_ext.policies import get_policy
 from pooch_ext.policies.search import SearchStats, keep_swap, multi_start, refine
 from pooch_ext.policies.sqrt_n import best_checkpoints, checkpoint_codes
 from pooch_ext.sim.model import KEEP, compile_profile, codes_of
-from pooch_ext.sim.budgets import fits, minimum_budget, tightest_codes
+from pooch_ext.sim.budgets import budget_between, fits, minimum_budget, tightest_codes
 from pooch_ext.sim.engine import run
 from pooch_ext.analytic.synthetic import random_profile
 
 GB = 1e9
-
-
-def budget_at(profile, frac: float) -> int:
-    lo, hi = minimum_budget(profile), profile.incore_peak_bytes
-    return int(lo + frac * (hi - lo))
 
 
 def budgeted_time(model, codes, budget) -> float:
@@ -32,7 +27,7 @@ def budgeted_time(model, codes, budget) -> float:
 @pytest.mark.parametrize("seed,frac", [(3, 0.1), (0, 0.25)])
 def test_a_faster_link_never_gets_a_slower_plan(seed, frac):
     profile = random_profile(seed, n_layers=12)
-    budget = budget_at(profile, frac)
+    budget = budget_between(profile, frac)
     previous = None
     for gbps in (1, 2, 4, 8, 16):
         link = Link(f"{gbps}GB/s", gbps * GB, gbps * GB)
@@ -47,7 +42,7 @@ def test_a_faster_link_never_gets_a_slower_plan(seed, frac):
 
 def test_pooch_is_never_slower_than_its_seeds_or_the_baselines():
     profile = random_profile(6, n_layers=9)
-    budget = budget_at(profile, 0.4)
+    budget = budget_between(profile, 0.4)
     for link in (Link("slow", 1 * GB, 1 * GB), "pcie3", "nvlink2"):
         stats = SearchStats()
         pooch = get_policy("pooch").classify(profile, budget, link, stats=stats)
@@ -63,7 +58,7 @@ def test_pooch_is_never_slower_than_its_seeds_or_the_baselines():
 
 def test_refine_stays_within_its_limit_and_ends_at_a_local_optimum():
     profile = random_profile(8, n_layers=12)
-    budget = budget_at(profile, 0.25)
+    budget = budget_between(profile, 0.25)
     model = compile_profile(profile, Link("2GB/s", 2 * GB, 2 * GB))
     start = tightest_codes(model)
     stats = SearchStats()
@@ -81,7 +76,7 @@ def test_refine_stays_within_its_limit_and_ends_at_a_local_optimum():
 
 def test_multi_start_shares_its_limit_and_skips_missing_seeds():
     profile = random_profile(3, n_layers=12)
-    budget = budget_at(profile, 0.1)
+    budget = budget_between(profile, 0.1)
     model = compile_profile(profile, Link("2GB/s", 2 * GB, 2 * GB))
     kept, _ = keep_swap(model, budget)
     seeds = {"all swap": tightest_codes(model), "step 1": kept, "none": None}
@@ -95,7 +90,7 @@ def test_multi_start_shares_its_limit_and_skips_missing_seeds():
 def test_best_checkpoints_respects_the_spacing_limit():
     profile = random_profile(6, n_layers=9)
     model = compile_profile(profile)
-    budget = budget_at(profile, 0.6)
+    budget = budget_between(profile, 0.6)
     best = best_checkpoints(model, budget)
     assert best is not None and fits(model, best, budget)
     dense = best_checkpoints(model, budget, max_spacing=2)
