@@ -119,6 +119,7 @@ def test_profile_contents_and_meta():
     assert first["kind"] == "input" and first["shape"] == (32, 3, 224, 224)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", MODEL_NAMES)
 def test_save_load_round_trip_every_model(name, tmp_path):
     small = {"alexnet": None, "vgg16": None, "resnext101-3d": (3, 8, 32, 32)}.get(name, (3, 32, 32))

@@ -33,6 +33,7 @@ def check_outputs(folder: Path, csvs: list[str], pngs: list[str]) -> dict[str, p
     return tables
 
 
+@pytest.mark.slow
 def test_resnet50_memory(tmp_path):
     import resnet50_memory as fig
 
@@ -44,6 +45,7 @@ def test_resnet50_memory(tmp_path):
     assert lines == ["| batch | fits |", "|---|---|", "| 128 | True |", "| 256 | False |"]
 
 
+@pytest.mark.slow
 def test_fig15_16(tmp_path):
     import fig15_16_each_optimization as fig
 
@@ -57,6 +59,7 @@ def test_fig15_16(tmp_path):
     assert speed["pooch"] >= speed["swap-opt"] - 1e-9
 
 
+@pytest.mark.slow
 def test_fig17_20_with_cross_machine_point(tmp_path):
     import fig17_20_batch_sweep as fig
 
@@ -98,6 +101,7 @@ def test_table3_paper_counts_only_where_the_paper_gives_them():
     assert t3.paper_counts("alexnet", 512, "pooch", "pcie3") is None
 
 
+@pytest.mark.slow
 def test_fig21_22(tmp_path):
     import fig21_22_resnext3d as fig
 
@@ -110,6 +114,7 @@ def test_fig21_22(tmp_path):
     assert 0 < big.loc["pooch", "relative"] <= 1 + 1e-9
 
 
+@pytest.mark.slow
 def test_beyond_paper(tmp_path):
     import beyond_paper as bp
 
@@ -128,6 +133,7 @@ def test_beyond_paper(tmp_path):
         assert fast.relative >= slow.relative - 1e-9 and fast.recompute <= slow.recompute
 
 
+@pytest.mark.slow
 def test_run_all_partial(tmp_path):
     import run_all
 
@@ -188,6 +194,7 @@ def test_bench_overlap_writes_its_rounds(tmp_path, capsys):
     assert "overlap" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_fidelity_quick_compares_predictions_with_measurements(tmp_path, capsys):
     import fidelity
 

@@ -60,6 +60,7 @@ def traced(request):
     return name, _trace(name, 2), _trace(name, 4)
 
 
+@pytest.mark.slow
 def test_every_function_of_the_example_networks_has_all_its_rules(traced):
     name, trace, _ = traced
     used = {op.name for op in trace.ops}

@@ -39,6 +39,7 @@ def bounds():
     return _train(16, {"profile_iters": PROFILE_ITERS, "policy": None}).profile
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy,fraction", [("pooch", 0.2), ("swap-all", 0.5),
                                              ("sqrt-n", 0.8), ("superneurons", 0.9)])
 def test_measured_peak_is_the_predicted_peak_and_within_the_budget(bounds, policy, fraction):

@@ -9,6 +9,7 @@ from pooch_ext.demo import main, teacher_batches
 from pooch_ext.profile import Profile
 
 
+@pytest.mark.slow
 def test_demo_writes_its_results_and_trains_bit_identically(tmp_path, capsys):
     out = tmp_path / "demo"
     assert main(["--iters", "6", "--batch", "4", "--profile-iters", "2", "--cpu",
