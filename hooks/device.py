@@ -41,6 +41,7 @@ import pooch_ext  # noqa: F401  (chainer import compat)
 import chainer
 
 from pooch_ext.errors import PoochError
+from pooch_ext.hooks.chainer_refs import optimizer_state, persistent_names, set_optimizer_state
 from pooch_ext.hooks.linkemu import CopyThrottle
 from pooch_ext.links import Link, get_link
 
@@ -407,7 +408,7 @@ def persistent_values(model: Any) -> Iterator[tuple[str, Any, str, Any]]:
     (BatchNormalization running statistics, counters): the state training changes besides the
     parameters and the optimizer's. Names in sorted order, so every process sees one order."""
     for path, link in model.namedlinks():
-        for name in sorted(link._persistent):
+        for name in sorted(persistent_names(link)):
             yield path, link, name, link.__dict__[name]
 
 
@@ -418,7 +419,7 @@ def model_arrays_with(model: Any) -> Iterator[Any]:
             if array is not None:
                 yield array
         rule = getattr(param, "update_rule", None)
-        for value in (getattr(rule, "_state", None) or {}).values():
+        for value in (optimizer_state(rule) or {}).values():
             if is_array(value):
                 yield value
     for _, _, _, value in persistent_values(model):
@@ -444,13 +445,13 @@ def optimizer_state_bytes(param: Any) -> int:
     rule = getattr(param, "update_rule", None)
     if rule is None or param.array is None:
         return 0
-    state = getattr(rule, "_state", None)
+    state = optimizer_state(rule)
     if not state:
         probe = copy.copy(rule)
-        probe._state = {}
+        set_optimizer_state(probe, {})
         with chainer.using_device(chainer.backend.get_device_from_array(param.array)):
             probe.init_state(param)
-        state = probe._state
+        state = optimizer_state(probe)
     return sum(int(v.nbytes) for v in state.values() if is_array(v))
 
 

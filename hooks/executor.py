@@ -32,6 +32,8 @@ from typing import Any, Callable
 import pandas as pd
 
 from pooch_ext.errors import PoochError
+from pooch_ext.hooks.chainer_refs import (node_array, retained_outputs, set_node_array,
+                                          set_retained_outputs, variable_array)
 from pooch_ext.hooks.device import Transfer, base_of
 from pooch_ext.hooks.graph import _TAG, GraphRecorder, GraphTrace
 from pooch_ext.hooks.recompute import recompute
@@ -210,42 +212,42 @@ class Executor(GraphRecorder):
         """The tensor's array if any reference still holds it, else None."""
         node = self._node(tensor)
         if node is not None:
-            if node._data is not None:
-                return node._data
+            if node_array(node) is not None:
+                return node_array(node)
             variable = node.get_variable_or_none()
-            if variable is not None and variable._data[0] is not None:
-                return variable._data[0]
+            if variable is not None and variable_array(variable) is not None:
+                return variable_array(variable)
         where = self._retained_out.get(tensor)
         if where is not None:
             function = self.functions[where[0]]()
-            data = None if function is None else function._retained_output_data
+            data = None if function is None else retained_outputs(function)
             if data is not None and data[where[1]] is not None:
                 return data[where[1]]
         return self._inputs_held.get(tensor)
 
     def _drop(self, tensor: int, slot: _Slot) -> None:
         node = self._node(tensor)
-        if node is not None and node._data is not None:
-            node._data = None          # bypass the setter: shape/dtype must stay
+        if node is not None and node_array(node) is not None:
+            set_node_array(node, None)
             slot.dropped_node = True
         where = self._retained_out.get(tensor)
         if where is not None:
             function = self.functions[where[0]]()
-            data = None if function is None else function._retained_output_data
+            data = None if function is None else retained_outputs(function)
             if data is not None and data[where[1]] is not None:
-                function._retained_output_data = data[:where[1]] + (None,) + data[where[1] + 1:]
+                set_retained_outputs(function, data[:where[1]] + (None,) + data[where[1] + 1:])
                 slot.dropped_retained = True
 
     def _restore(self, tensor: int, slot: _Slot, array: Any) -> None:
         node = self._node(tensor)
         if slot.dropped_node and node is not None:
-            node._data = array
+            set_node_array(node, array)
         if slot.dropped_retained:
             k, position = self._retained_out[tensor]
             function = self.functions[k]()
             if function is not None:
-                data = function._retained_output_data
-                function._retained_output_data = data[:position] + (array,) + data[position + 1:]
+                data = retained_outputs(function)
+                set_retained_outputs(function, data[:position] + (array,) + data[position + 1:])
         slot.dropped_node = slot.dropped_retained = False
         self.register_array(array, tensor)
         self.device.track(array, tensor)
@@ -313,7 +315,7 @@ class Executor(GraphRecorder):
                 tag = getattr(node, _TAG, None)
                 if tag is None or tag[0] is not self._serial:      # a parameter
                     variable = node.get_variable_or_none()
-                    array = node._data if variable is None else variable._data[0]
+                    array = node_array(node) if variable is None else variable_array(variable)
                     if array is None:
                         raise ExecutorError(f"recompute of tensor {tensor}: an input of forward "
                                             f"op {k} that is not a tensor of this iteration is gone")
@@ -351,7 +353,7 @@ class Executor(GraphRecorder):
     def _held_by_variable(self, tensor: int) -> Any:
         node = self._node(tensor)
         variable = None if node is None else node.get_variable_or_none()
-        return None if variable is None else variable._data[0]
+        return None if variable is None else variable_array(variable)
 
     def _act(self, action: str, tensor: int, final: bool) -> None:
         if action == "swap_out":

@@ -32,6 +32,8 @@ import pooch_ext  # noqa: F401  (chainer import compat)
 import chainer
 
 from pooch_ext.builder import ProfileBuilder
+from pooch_ext.hooks.chainer_refs import (backprop_patch_point, retained_indexes, variable_array,
+                                          wrap_backprop)
 from pooch_ext.links import Link
 from pooch_ext.profile import Device
 
@@ -224,14 +226,14 @@ def _signalled_grad(original: Callable) -> Callable:
 
 def _listen(recorder: "GraphRecorder") -> None:
     if not _LISTENERS:
-        import chainer._backprop as backprop
         import chainer.function_node as function_node
 
         original_grad = function_node.grad
         wrapped_grad = _signalled_grad(original_grad)
-        _ORIGINALS[:] = [(backprop, "_backprop_to_all", backprop._backprop_to_all),
+        backprop, name = backprop_patch_point()
+        _ORIGINALS[:] = [(backprop, name, getattr(backprop, name)),
                          (function_node, "grad", original_grad), (chainer, "grad", chainer.grad)]
-        backprop._backprop_to_all = _signalled_backprop_to_all(backprop._backprop_to_all)
+        wrap_backprop(_signalled_backprop_to_all)
         function_node.grad = wrapped_grad
         if chainer.grad is original_grad:
             chainer.grad = wrapped_grad
@@ -721,7 +723,7 @@ class GraphRecorder(chainer.FunctionHook):
                 node = ref()
                 variable = None if node is None else node.get_variable_or_none()
                 if variable is not None:
-                    self.register_array(variable._data[0], TAIL)
+                    self.register_array(variable_array(variable), TAIL)
             return
         inputs, params, positions, differentiable, param_ids = [], [], {}, [], []
         for position, node in enumerate(function.inputs):
@@ -750,12 +752,12 @@ class GraphRecorder(chainer.FunctionHook):
                 tid = self._tensor_id(node, index, output_index)
                 variable = node.get_variable_or_none()
                 if variable is not None:
-                    self.register_array(variable._data[0], tid)
+                    self.register_array(variable_array(variable), tid)
                     self._watch_holder(variable, [self.trace.tensors[tid]])
             outputs.append(tid)
-        retained_in = [positions[i] for i in (function._input_indexes_to_retain or ())
-                       if i in positions]
-        retained_out = list(function._output_indexes_to_retain or ())
+        retain_inputs, retain_outputs = retained_indexes(function)
+        retained_in = [positions[i] for i in retain_inputs if i in positions]
+        retained_out = list(retain_outputs)
 
         record = OpRecord(index, type(function).__name__, self._labels[index], inputs, outputs,
                           params, retained_in, retained_out, differentiable,

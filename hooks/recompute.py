@@ -22,6 +22,7 @@ from typing import Any, Callable, Sequence
 import numpy
 
 from pooch_ext.errors import PoochError
+from pooch_ext.hooks.chainer_refs import apply_batch_norm_forward, batch_norm_impl
 from pooch_ext.functions import BATCHNORM, DROPOUT, FORWARD, FUNCTIONS, recompute_refusal
 
 
@@ -37,7 +38,7 @@ def _batch_normalization(function: Any, inputs: Sequence[Any]) -> tuple:
     from chainer import backend
     from chainer.functions.normalization import batch_normalization as bn
 
-    if not isinstance(getattr(function, "_impl", None), bn.GeneralBatchNormalizationImpl):
+    if not isinstance(batch_norm_impl(function), bn.GeneralBatchNormalizationImpl):
         raise RecomputeError("BatchNormalization: only the general (non-cuDNN, non-iDeep) "
                              "implementation can be recomputed exactly")
     if function.mean is None or function.inv_std is None:
@@ -48,7 +49,8 @@ def _batch_normalization(function: Any, inputs: Sequence[Any]) -> tuple:
     gamma = gamma[expander].astype(interm_dtype, copy=False)
     beta = beta[expander].astype(interm_dtype, copy=False)
     xp = backend.get_array_module(x)
-    y = bn._apply_bn_fwd(xp, x, function.mean[expander], function.inv_std[expander], gamma, beta)
+    y = apply_batch_norm_forward(xp, x, function.mean[expander], function.inv_std[expander],
+                                 gamma, beta)
     return (y,)
 
 

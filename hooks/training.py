@@ -19,6 +19,7 @@ import chainer
 import chainer.functions as F
 import chainer.links as L
 
+from pooch_ext.hooks.chainer_refs import link_hooks, optimizer_state
 from pooch_ext.hooks.device import array_is_on_gpu, host_copy, persistent_values
 
 
@@ -161,7 +162,7 @@ def train(model: chainer.Link, optimizer: chainer.Optimizer, batches: Iterable,
 def hooks_out(runtime: Any) -> Iterator[None]:
     """PoocH's function and link hooks out of Chainer's hook tables for a while: what runs
     meanwhile is plain Chainer, unobserved, and its arrays are not the device's."""
-    functions, links = chainer.get_function_hooks(), chainer._get_link_hooks()
+    functions, links = chainer.get_function_hooks(), link_hooks()
     saved = functions.pop(runtime.name), links.pop(runtime._link_names.name)
     paused, runtime.paused = runtime.paused, True       # its backward passes are not ours
     try:
@@ -232,7 +233,7 @@ def model_state(model: chainer.Link, optimizer: chainer.Optimizer | None = None)
     for name, param in model.namedparams():
         state[f"param{name}"] = host_copy(param.array)
         rule = getattr(param, "update_rule", None)
-        for key, value in sorted((getattr(rule, "_state", None) or {}).items()):
+        for key, value in sorted((optimizer_state(rule) or {}).items()):
             state[f"opt{name}/{key}"] = host_copy(value)
     for path, _, name, value in persistent_values(model):
         if hasattr(value, "shape"):

@@ -43,6 +43,7 @@ import pooch_ext  # noqa: F401  (chainer import compat)
 import chainer
 
 from pooch_ext.errors import BudgetTooSmallError, PoochError
+from pooch_ext.hooks.chainer_refs import check_chainer, grad_valid, set_grad_valid
 from pooch_ext.hooks.device import (UNLIMITED, device_for, grad_of, host_copy,
                                     persistent_values, resident_bytes)
 from pooch_ext.hooks.executor import ExecutorError, Program, compile_program
@@ -71,6 +72,7 @@ class PoocH:
                  budget: int | str | None = None, link: str | Link = "auto",
                  policy: str | Callable | None = "pooch", device: RuntimeDevice | None = None,
                  verbose: bool = True, host_budget: int | str | None = None) -> None:
+        check_chainer()        # a Chainer the runtime was not tested with is refused here
         if int(profile_iters) < 1:
             raise ValueError(f"profile_iters must be >= 1, got {profile_iters}")
         if isinstance(policy, str):
@@ -472,7 +474,7 @@ class ModelSnapshot:
         for p in model.params():
             if id(p) not in self._seen:
                 self._seen.add(id(p))
-                self.params.append((p, host_copy(p.array), (p._grad_valid, host_copy(grad_of(p)))))
+                self.params.append((p, host_copy(p.array), (grad_valid(p), host_copy(grad_of(p)))))
         for _, link, name, value in persistent_values(model):
             if (id(link), name) not in self._seen:
                 self._seen.add((id(link), name))
@@ -491,12 +493,12 @@ class ModelSnapshot:
 
     def restore(self) -> None:
         """Put the snapshot back into the model (arrays in place where the shapes agree)."""
-        for param, array, (grad_valid, grad) in self.params:
+        for param, array, (valid, grad) in self.params:
             # a lazily initialised parameter the failed attempt initialised goes back to None
             param.array = None if array is None else self._put(param.array, array)
             param.grad = None if grad is None or param.array is None else \
                 chainer.backend.get_device_from_array(param.array).send(grad)
-            param._grad_valid = grad_valid
+            set_grad_valid(param, valid)
         for link, name, value in self.persistent:
             current = link.__dict__[name]
             link.__dict__[name] = self._put(current, value) if hasattr(value, "shape") else value

@@ -1,0 +1,214 @@
+"""Every private part of Chainer that pooch-ext touches, in one place, checked against the
+installed Chainer.
+
+The runtime must drop and restore a feature map's array without Chainer noticing (no shape
+checks, no new graph nodes), read what a function retained for backward, re-run a
+BatchNormalization forward exactly, and snapshot and restore every bit of training state; the
+public API offers none of that. Each accessor below says which private name it uses and why.
+Nothing else in pooch_ext or its hooks may use these names (tests/test_chainer_refs.py reads
+the sources to keep it so), and ``check_chainer`` refuses, before PoocH changes anything, a
+Chainer other than the tested one or one where any of these names is missing.
+"""
+from __future__ import annotations
+
+import functools
+import importlib
+from types import ModuleType
+from typing import Any, Callable
+
+import pooch_ext  # noqa: F401  (chainer import compat)
+import chainer
+
+from pooch_ext.errors import PoochError
+
+TESTED_CHAINER = "7.8.1"
+
+# (module, class or None, private name): everything the accessors below use
+PRIVATE_NAMES: tuple[tuple[str, str | None, str], ...] = (
+    ("chainer.variable", "VariableNode", "_data"),
+    ("chainer.variable", "Variable", "_data"),
+    ("chainer.variable", "Variable", "_grad_valid"),
+    ("chainer.function_node", "FunctionNode", "_retained_output_data"),
+    ("chainer.function_node", "FunctionNode", "_input_indexes_to_retain"),
+    ("chainer.function_node", "FunctionNode", "_output_indexes_to_retain"),
+    ("chainer.link", "Link", "_persistent"),
+    ("chainer.optimizer", "UpdateRule", "_state"),
+    # ``_impl`` itself is set by forward; the selector that sets it stands for it here
+    ("chainer.functions.normalization.batch_normalization", "BatchNormalization",
+     "_impl_selector"),
+    ("chainer.functions.normalization.batch_normalization", None,
+     "GeneralBatchNormalizationImpl"),
+    ("chainer.functions.normalization.batch_normalization", None, "_apply_bn_fwd"),
+    ("chainer._backprop", None, "_backprop_to_all"),
+    ("chainer", None, "_get_link_hooks"),
+)
+
+
+class ChainerVersionError(PoochError):
+    """The installed Chainer is not the one pooch-ext's runtime was tested against."""
+
+
+# ---------------------------------------------------------------- the check
+
+@functools.lru_cache(maxsize=1)
+def check_chainer() -> None:
+    """Refuse (ChainerVersionError) a Chainer other than TESTED_CHAINER, or one lacking any
+    private name in PRIVATE_NAMES; run once per process (cached)."""
+    problems = []
+    if chainer.__version__ != TESTED_CHAINER:
+        problems.append(f"chainer {chainer.__version__} is installed, pooch-ext's runtime is "
+                        f"tested with chainer {TESTED_CHAINER}")
+    missing = [_dotted(module, owner, name) for module, owner, name in PRIVATE_NAMES
+               if not _has(module, owner, name)]
+    if missing:
+        problems.append(f"private names it relies on are missing: {', '.join(missing)}")
+    if problems:
+        raise ChainerVersionError("; ".join(problems) + f" (pip install chainer=={TESTED_CHAINER})")
+
+
+def _dotted(module: str, owner: str | None, name: str) -> str:
+    return ".".join(part for part in (module, owner, name) if part)
+
+
+def _has(module: str, owner: str | None, name: str) -> bool:
+    """Whether the name exists: on the module, or on the class (attributes set only in
+    ``__init__`` are looked for on a tiny instance)."""
+    try:
+        where: Any = importlib.import_module(module)
+        if owner is not None:
+            where = getattr(where, owner)
+    except (ImportError, AttributeError):
+        return False
+    if hasattr(where, name) or owner is None:
+        return hasattr(where, name)
+    instance = _tiny_instance(module, owner)
+    return instance is not None and hasattr(instance, name)
+
+
+def _tiny_instance(module: str, owner: str) -> Any:
+    """An instance of the few classes whose private attributes live on instances only."""
+    import numpy as np
+
+    if owner == "Variable":
+        return chainer.Variable(np.zeros(1, np.float32))
+    if owner == "VariableNode":
+        return chainer.Variable(np.zeros(1, np.float32)).node
+    if owner == "FunctionNode":
+        return chainer.FunctionNode()
+    if owner == "Link":
+        return chainer.Link()
+    if owner == "UpdateRule":
+        return chainer.optimizer.UpdateRule()
+    if owner == "BatchNormalization":
+        from chainer.functions.normalization.batch_normalization import BatchNormalization
+        return BatchNormalization()
+    return None
+
+
+# ---------------------------------------------------------------- graph arrays
+
+def node_array(node: Any) -> Any:
+    """The array a VariableNode holds (``_data``): the public ``data`` property of a node is
+    the same, but dropping must not go through its setter (below)."""
+    return node._data
+
+
+def set_node_array(node: Any, array: Any) -> None:
+    """Drop (None) or restore a VariableNode's array via ``_data``, bypassing the ``data``
+    setter, which would also reset the node's shape and dtype that backward still reads."""
+    node._data = array
+
+
+def variable_array(variable: Any) -> Any:
+    """The array of a Variable (``_data[0]``) without the ``array`` property's device checks
+    and without creating anything."""
+    return variable._data[0]
+
+
+def retained_outputs(function: Any) -> tuple | None:
+    """The outputs a FunctionNode retained for its backward (``_retained_output_data``):
+    where a swapped or recomputed output lives besides its node."""
+    return function._retained_output_data
+
+
+def set_retained_outputs(function: Any, data: tuple) -> None:
+    """Drop or restore retained outputs (Chainer offers no setter)."""
+    function._retained_output_data = data
+
+
+def retained_indexes(function: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Which inputs and outputs a FunctionNode retained (``_input_indexes_to_retain``,
+    ``_output_indexes_to_retain``): what its backward will need, as Chainer decided it."""
+    return (tuple(function._input_indexes_to_retain or ()),
+            tuple(function._output_indexes_to_retain or ()))
+
+
+# ---------------------------------------------------------------- training state
+
+def persistent_names(link: Any) -> set[str]:
+    """Names of a link's persistent values (``_persistent``: BatchNormalization's running
+    statistics, counters), the training state besides parameters and optimizer state."""
+    return link._persistent
+
+
+def optimizer_state(rule: Any) -> dict | None:
+    """An update rule's state (``_state``: momentum, Adam moments), None before the first
+    update creates it; the public ``state`` property exists only from then on."""
+    return getattr(rule, "_state", None)
+
+
+def set_optimizer_state(rule: Any, state: dict) -> None:
+    """Give a (throwaway copy of an) update rule a fresh state, to measure what
+    ``init_state`` allocates."""
+    rule._state = state
+
+
+def grad_valid(param: Any) -> bool:
+    """Whether a Parameter's gradient counts (``_grad_valid``: cleargrads leaves a None that
+    ``grad`` refuses to read); saved with a snapshot so a restore leaves it as it was."""
+    return param._grad_valid
+
+
+def set_grad_valid(param: Any, valid: bool) -> None:
+    param._grad_valid = valid
+
+
+def link_hooks() -> dict:
+    """The thread's table of link hooks (``chainer._get_link_hooks``; only function hooks have
+    a public getter): PoocH takes its own hooks out of it for a while."""
+    return chainer._get_link_hooks()
+
+
+# ---------------------------------------------------------------- recomputation
+
+def batch_norm_impl(function: Any) -> Any:
+    """The implementation a BatchNormalization node used (``_impl``): only the general one
+    can be recomputed bit for bit."""
+    return getattr(function, "_impl", None)
+
+
+def apply_batch_norm_forward(xp: ModuleType, x: Any, mean: Any, inv_std: Any, gamma: Any,
+                             beta: Any) -> Any:
+    """Chainer's own BatchNormalization forward arithmetic (``_apply_bn_fwd``), so a
+    recomputed output equals the original bit for bit."""
+    from chainer.functions.normalization import batch_normalization as bn
+
+    return bn._apply_bn_fwd(xp, x, mean, inv_std, gamma, beta)
+
+
+# ---------------------------------------------------------------- backward passes
+
+def backprop_patch_point() -> tuple[ModuleType, str]:
+    """Where every ``backward()`` goes through (``chainer._backprop._backprop_to_all``): the
+    module and name GraphRecorder wraps to learn when a backward pass starts and ends."""
+    import chainer._backprop as backprop
+
+    return backprop, "_backprop_to_all"
+
+
+def wrap_backprop(wrap: Callable[[Callable], Callable]) -> Callable:
+    """Replace ``_backprop_to_all`` by ``wrap(original)``; returns the original."""
+    owner, name = backprop_patch_point()
+    original = getattr(owner, name)
+    setattr(owner, name, wrap(original))
+    return original
