@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     import numpy as np
     import pandas as pd
 
-    from pooch_ext.hooks.training import synthetic_batches, train_side_by_side
+    from pooch_ext.testing import synthetic_batches, train_side_by_side
     from pooch_ext.measure import setup_model
     from pooch_ext.models import default_input_size, default_n_classes
 

@@ -54,7 +54,7 @@ def _networks(quick: bool) -> dict:
     """name -> (make model, make batches(n))."""
     import numpy as np
 
-    from pooch_ext.hooks.training import BranchyNet, UnrolledLSTM, synthetic_batches
+    from pooch_ext.testing import BranchyNet, UnrolledLSTM, synthetic_batches
     from pooch_ext.models import get_model
 
     def sequences(n: int, batch: int = 32, steps: int = 12) -> list:
@@ -75,7 +75,7 @@ def _run(make, batches, policy, budget, link, profile_iters):
     import numpy as np
 
     from pooch_ext.hooks.cpu_device import CpuDevice
-    from pooch_ext.hooks.training import make_optimizer, train
+    from pooch_ext.testing import make_optimizer, train
 
     np.random.seed(0)
     model = make()

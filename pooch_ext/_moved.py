@@ -22,6 +22,7 @@ MOVED = {
     "pooch_ext.synthetic": "pooch_ext.analytic.synthetic",
     "pooch_ext.shapes": "pooch_ext.analytic.shapes",
     "pooch_ext.recompute_rules": "pooch_ext.functions",
+    "pooch_ext.hooks.training": "pooch_ext.testing",
 }
 
 

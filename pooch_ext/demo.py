@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     from tqdm import tqdm
 
-    from pooch_ext.hooks.training import model_state, states_equal, train_side_by_side
+    from pooch_ext.testing import model_state, states_equal, train_side_by_side
     from pooch_ext.measure import cuda_available, setup_model
     from pooch_ext.models import default_input_size, default_n_classes
 

@@ -32,7 +32,7 @@ def cuda_available() -> bool:
 
 def setup_model(name: str, gpu: bool, seed: int = 0) -> tuple[Any, Any]:
     """A freshly initialised network (same seed, same weights) and its MomentumSGD optimizer."""
-    from pooch_ext.hooks.training import make_optimizer
+    from pooch_ext.testing import make_optimizer
 
     np.random.seed(seed)
     model = get_model(name)
@@ -48,7 +48,7 @@ def measured_profile(model: str, batch: int, input_size: str | tuple | None = No
     """Profile ``model`` at ``batch`` by training it ``iters`` iterations (see module doc).
     ``device``: the device to profile on (e.g. a ``CupyDevice(throttle="pcie3")`` to profile
     as if on that link); by default the model's own."""
-    from pooch_ext.hooks.training import synthetic_batches, train
+    from pooch_ext.testing import synthetic_batches, train
 
     if batch < 1:
         raise ValueError(f"batch must be >= 1, got {batch}")

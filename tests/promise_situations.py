@@ -31,7 +31,7 @@ import chainer.links as L
 from chainer import optimizer_hooks, static_graph
 
 from pooch_ext.errors import BudgetTooSmallError, PoochError
-from pooch_ext.hooks.training import model_state, states_equal
+from pooch_ext.testing import model_state, states_equal
 from pooch_ext.sim.budgets import fraction_between, minimum_budget
 
 SEED, LOOP_SEED = 0, 1

@@ -11,7 +11,7 @@ import chainer
 
 from pooch_ext.hooks import chainer_refs
 from pooch_ext.hooks.chainer_refs import PRIVATE_NAMES, ChainerVersionError, check_chainer
-from pooch_ext.hooks.training import BranchyNet
+from pooch_ext.testing import BranchyNet
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -11,7 +11,7 @@ import pytest
 import pooch_ext  # noqa: F401
 from pooch_ext.hooks import cpu_memory
 from pooch_ext.hooks.cpu_device import CopyEngine, CpuDevice
-from pooch_ext.hooks.training import (BranchyNet, make_optimizer, model_state, states_equal,
+from pooch_ext.testing import (BranchyNet, make_optimizer, model_state, states_equal,
                                       synthetic_batches, train)
 
 

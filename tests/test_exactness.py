@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pooch_ext.hooks.training import (BranchyNet, make_optimizer, model_state, states_equal,
+from pooch_ext.testing import (BranchyNet, make_optimizer, model_state, states_equal,
                                       synthetic_batches, train)
 from pooch_ext.plan import Plan
 from pooch_ext.policies import get_policy

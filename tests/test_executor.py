@@ -12,7 +12,7 @@ import chainer.functions as F
 from pooch_ext.hooks.device import DeviceOutOfMemoryError, HostSimDevice
 from pooch_ext.hooks.executor import Executor, ExecutorError, compile_program
 from pooch_ext.hooks.graph import GraphRecorder
-from pooch_ext.hooks.training import (BranchyNet, make_optimizer, model_state, states_equal,
+from pooch_ext.testing import (BranchyNet, make_optimizer, model_state, states_equal,
                                       synthetic_batches)
 from pooch_ext.links import get_link
 from pooch_ext.profile import Device

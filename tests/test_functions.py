@@ -13,7 +13,7 @@ from pooch_ext.analytic.costmodel import OpShapes
 from pooch_ext.functions import FUNCTIONS, RECOMPUTABLE, Function, op_cost, recompute_refusal
 from pooch_ext.hooks.graph import GraphRecorder
 from pooch_ext.hooks.recompute import RULES
-from pooch_ext.hooks.training import BranchyNet, UnrolledLSTM
+from pooch_ext.testing import BranchyNet, UnrolledLSTM
 from pooch_ext.models import get_model
 from pooch_ext.analytic.rescale import ShapeRuleError, rescale_trace
 from pooch_ext.analytic.shapes import same_as_first

@@ -11,7 +11,7 @@ import pooch_ext  # noqa: F401
 import chainer
 import chainer.functions as F
 
-from pooch_ext.hooks.training import (BranchyNet, make_optimizer, model_state, states_equal,
+from pooch_ext.testing import (BranchyNet, make_optimizer, model_state, states_equal,
                                       synthetic_batches, train)
 from pooch_ext.plan import Plan
 from pooch_ext.sim.budgets import budget_between

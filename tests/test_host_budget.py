@@ -16,7 +16,7 @@ import pytest
 
 from pooch_ext.cli import main
 from pooch_ext.errors import BudgetTooSmallError, HostBudgetTooSmallError
-from pooch_ext.hooks.training import make_optimizer
+from pooch_ext.testing import make_optimizer
 from pooch_ext.plan import Plan
 from pooch_ext.policies import POLICY_NAMES, get_policy
 from pooch_ext.sim.model import compile_profile, host_level

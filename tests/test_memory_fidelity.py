@@ -15,7 +15,7 @@ import chainer.links as L
 
 from pooch_ext.hooks import cpu_memory
 from pooch_ext.hooks.cpu_device import CpuDevice
-from pooch_ext.hooks.training import synthetic_batches, train
+from pooch_ext.testing import synthetic_batches, train
 from pooch_ext.measure import setup_model
 from pooch_ext.pooch import PoocH
 from pooch_ext.sim.budgets import budget_between, minimum_budget

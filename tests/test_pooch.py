@@ -14,7 +14,7 @@ from chainer import training
 from chainer.training import extensions
 
 from pooch_ext.errors import BudgetTooSmallError, UnknownNameError
-from pooch_ext.hooks.training import (BranchyNet, make_optimizer, model_state, states_equal,
+from pooch_ext.testing import (BranchyNet, make_optimizer, model_state, states_equal,
                                       synthetic_batches, train)
 from pooch_ext.plan import Plan
 from pooch_ext.pooch import PoocH

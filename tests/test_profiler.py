@@ -8,7 +8,7 @@ from pooch_ext.errors import ProfileError
 from pooch_ext.hooks.device import resident_bytes
 from pooch_ext.hooks.graph import GraphRecorder
 from pooch_ext.hooks.profiler import IterationSample, build_profile, fit_link
-from pooch_ext.hooks.training import BranchyNet, make_optimizer, synthetic_batches, train
+from pooch_ext.testing import BranchyNet, make_optimizer, synthetic_batches, train
 from pooch_ext.links import get_link
 from pooch_ext.policies import get_policy
 from pooch_ext.profile import Device, Profile

@@ -35,7 +35,7 @@ import os
 import pytest
 
 from pooch_ext.errors import BudgetTooSmallError, PoochError
-from pooch_ext.hooks.training import states_equal
+from pooch_ext.testing import states_equal
 
 import promise_situations as ps
 

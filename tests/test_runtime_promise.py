@@ -19,7 +19,7 @@ import chainer.links as L
 
 from pooch_ext.errors import BudgetTooSmallError, PoochError
 from pooch_ext.hooks.device import grad_of
-from pooch_ext.hooks.training import BranchyNet, make_optimizer, model_state, states_equal
+from pooch_ext.testing import BranchyNet, make_optimizer, model_state, states_equal
 from pooch_ext.pooch import PoocH
 from pooch_ext.sim.budgets import budget_between
 from conftest import tracked_device

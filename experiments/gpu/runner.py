@@ -24,7 +24,7 @@ import numpy as np
 from pooch_ext.errors import BudgetTooSmallError
 from pooch_ext.hooks.device import (DeviceOutOfMemoryError, EventTimer, HostSimDevice, WallTimer,
                                     pool_peak_hook)
-from pooch_ext.hooks.training import model_state, synthetic_batches, train
+from pooch_ext.testing import model_state, synthetic_batches, train
 from pooch_ext.measure import setup_model
 from pooch_ext.models import default_input_size, default_n_classes
 
