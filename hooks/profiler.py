@@ -28,7 +28,8 @@ from pooch_ext.errors import ProfileError
 from pooch_ext.hooks.allocator import AllocationLog, cupy_memory_hook, scratch_bytes
 from pooch_ext.hooks.device import base_of, is_array, model_arrays
 from pooch_ext.hooks.executor import Executor
-from pooch_ext.hooks.graph import _TAG, GraphTrace
+from pooch_ext.hooks.graph import _TAG
+from pooch_ext.trace import GraphTrace
 from pooch_ext.hooks.recompute import RecomputeError, recompute
 from pooch_ext.hooks.runtime_device import RuntimeDevice
 from pooch_ext.links import Link

@@ -13,8 +13,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = (("pooch_ext", "pooch_ext"), ("hooks", "pooch_ext.hooks"))
 PLANNING_CORE = ["errors", "units", "links", "profile_check", "profile_format", "profile", "plan",
-                 "builder",
-                 "functions", "analytic", "analytic.shapes", "analytic.costmodel",
+                 "builder", "trace",
+                 "functions", "analytic", "analytic.shapes", "analytic.costmodel", "analytic.rescale",
                  "analytic.synthetic", "sim", "sim.model", "sim.check", "sim.engine",
                  "sim.batch", "sim.memory", "sim.budgets", "sim.timeline", "report",
                  "report.classtable", "exact",

@@ -16,7 +16,7 @@ from __future__ import annotations
 import copy
 
 from pooch_ext.functions import shape_rule
-from pooch_ext.hooks.graph import GraphTrace
+from pooch_ext.trace import GraphTrace
 from pooch_ext.analytic.shapes import Shape, ShapeRuleError, where as _where
 
 __all__ = ["ShapeRuleError", "rescale_trace"]

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from pooch_ext.errors import PoochError
 
 if TYPE_CHECKING:
-    from pooch_ext.hooks.graph import OpRecord
+    from pooch_ext.trace import OpRecord
 
 Shape = tuple[int, ...]
 Rule = tuple[list[Shape], dict]

@@ -25,7 +25,8 @@ import chainer.functions as F
 from pooch_ext.analytic.costmodel import (GPU, OpShapes, check_conv_impl, get_gpu, op_times,
                                  resident_bytes, update_time_s)
 from pooch_ext.functions import op_cost
-from pooch_ext.hooks.graph import GraphRecorder, GraphTrace, OpRecord
+from pooch_ext.hooks.graph import GraphRecorder
+from pooch_ext.trace import GraphTrace, OpRecord
 from pooch_ext.links import Link, get_link
 from pooch_ext.models import default_input_size, get_model
 from pooch_ext.profile import Device, Profile
