@@ -38,8 +38,8 @@ import numpy as np
 
 from pooch_ext.errors import PoochError
 from pooch_ext.hooks import cpu_memory
-from pooch_ext.hooks.device import (DeviceOutOfMemoryError, Transfer, WallTimer, base_of,
-                                    grad_of, model_arrays_with, resident_bytes, _layout)
+from pooch_ext.hooks.device import DeviceOutOfMemoryError, Transfer, WallTimer, _layout
+from pooch_ext.hooks.model_state import base_of, grad_of, model_arrays_with, resident_bytes
 from pooch_ext.hooks.linkemu import copy_s, emulated_link, stretched_s
 from pooch_ext.links import Link, get_link
 from pooch_ext.units import format_bytes

@@ -34,7 +34,8 @@ import pandas as pd
 from pooch_ext.errors import PoochError
 from pooch_ext.hooks.chainer_refs import (node_array, retained_outputs, set_node_array,
                                           set_retained_outputs, variable_array)
-from pooch_ext.hooks.device import Transfer, base_of
+from pooch_ext.hooks.device import Transfer
+from pooch_ext.hooks.model_state import base_of
 from pooch_ext.hooks.graph import _TAG, GraphRecorder
 from pooch_ext.trace import GraphTrace
 from pooch_ext.hooks.recompute import recompute

@@ -26,7 +26,7 @@ import pandas as pd
 
 from pooch_ext.errors import ProfileError
 from pooch_ext.hooks.allocator import AllocationLog, cupy_memory_hook, scratch_bytes
-from pooch_ext.hooks.device import base_of, is_array, model_arrays
+from pooch_ext.hooks.model_state import base_of, is_array, model_arrays
 from pooch_ext.hooks.executor import Executor
 from pooch_ext.hooks.graph import _TAG
 from pooch_ext.trace import GraphTrace

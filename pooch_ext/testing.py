@@ -20,7 +20,8 @@ import chainer.functions as F
 import chainer.links as L
 
 from pooch_ext.hooks.chainer_refs import link_hooks, optimizer_state
-from pooch_ext.hooks.device import array_is_on_gpu, host_copy, persistent_values
+from pooch_ext.hooks.device import array_is_on_gpu
+from pooch_ext.hooks.model_state import host_copy, persistent_values
 
 
 class BranchyNet(chainer.Chain):

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from pooch_ext.errors import ProfileError
-from pooch_ext.hooks.device import resident_bytes
+from pooch_ext.hooks.model_state import resident_bytes
 from pooch_ext.hooks.graph import GraphRecorder
 from pooch_ext.hooks.profiler import IterationSample, build_profile, fit_link
 from pooch_ext.testing import BranchyNet, make_optimizer, synthetic_batches, train

@@ -18,7 +18,7 @@ import chainer.functions as F
 import chainer.links as L
 
 from pooch_ext.errors import BudgetTooSmallError, PoochError
-from pooch_ext.hooks.device import grad_of
+from pooch_ext.hooks.model_state import grad_of
 from pooch_ext.testing import BranchyNet, make_optimizer, model_state, states_equal
 from pooch_ext.pooch import PoocH
 from pooch_ext.sim.budgets import budget_between
@@ -474,7 +474,7 @@ def test_11_a_refusal_restores_every_model_that_ran():
 
 
 def test_11_every_link_that_runs_is_counted_as_resident():
-    from pooch_ext.hooks.device import resident_bytes
+    from pooch_ext.hooks.model_state import resident_bytes
     from pooch_ext.hooks.scope import Models
 
     under = run(_gan, _gan_loop, {"policy": "swap-all", "models": lambda models: models[0]})

@@ -1,0 +1,104 @@
+"""The training state a model holds, as the runtime must see it: every array training changes
+(parameters, gradients, persistent values, optimizer state), host copies of it, and the bytes
+that stay resident on the device whatever the plan. Used to account the device's memory, to
+snapshot and restore a model when PoocH refuses before an update, and by the tests that
+compare PoocH with plain Chainer bit for bit.
+"""
+from __future__ import annotations
+
+import copy
+from typing import Any, Iterator
+
+import numpy as np
+
+import pooch_ext  # noqa: F401  (chainer import compat)
+import chainer
+
+from pooch_ext.hooks.chainer_refs import optimizer_state, persistent_names, set_optimizer_state
+
+
+def base_of(array: Any) -> Any:
+    """The array that owns the memory ``array`` views (itself when it owns it)."""
+    while isinstance(getattr(array, "base", None), type(array)):
+        array = array.base
+    return array
+
+
+def is_array(value: Any) -> bool:
+    """A NumPy or CuPy array (not a NumPy scalar): something that holds a buffer."""
+    return (hasattr(value, "nbytes") and hasattr(value, "shape") and hasattr(value, "dtype")
+            and not isinstance(value, np.generic))
+
+
+def grad_of(param: Any) -> Any:
+    """``param.grad`` (set by backward or by hand), or None where cleargrads left none."""
+    try:
+        return param.grad
+    except RuntimeError:      # cleared by cleargrads() and not yet set by backward
+        return None
+
+
+def persistent_values(model: Any) -> Iterator[tuple[str, Any, str, Any]]:
+    """``(link path, link, name, value)`` of every persistent value of the model's links
+    (BatchNormalization running statistics, counters): the state training changes besides the
+    parameters and the optimizer's. Names in sorted order, so every process sees one order."""
+    for path, link in model.namedlinks():
+        for name in sorted(persistent_names(link)):
+            yield path, link, name, link.__dict__[name]
+
+
+def model_arrays_with(model: Any) -> Iterator[Any]:
+    """Every array a model owns: parameters, gradients, persistent state, optimizer state."""
+    for param in model.params():
+        for array in (param.array, grad_of(param)):
+            if array is not None:
+                yield array
+        rule = getattr(param, "update_rule", None)
+        for value in (optimizer_state(rule) or {}).values():
+            if is_array(value):
+                yield value
+    for _, _, _, value in persistent_values(model):
+        if is_array(value):
+            yield value
+
+
+def model_arrays(model: Any) -> set[int]:
+    """ids of the buffers a model owns (parameters, gradients, persistent and optimizer state)."""
+    return {id(base_of(array)) for array in model_arrays_with(model)}
+
+
+def host_copy(array: Any) -> Any:
+    """A NumPy copy of a NumPy or CuPy array, never an alias of it (None stays None)."""
+    if array is None:
+        return None
+    return np.array(chainer.backend.CpuDevice().send(array), copy=True)
+
+
+def optimizer_state_bytes(param: Any) -> int:
+    """Bytes of the optimizer state of ``param``: what its update rule holds, or, before the
+    first update creates it, what ``init_state`` will allocate (run on a throwaway copy)."""
+    rule = getattr(param, "update_rule", None)
+    if rule is None or param.array is None:
+        return 0
+    state = optimizer_state(rule)
+    if not state:
+        probe = copy.copy(rule)
+        set_optimizer_state(probe, {})
+        with chainer.using_device(chainer.backend.get_device_from_array(param.array)):
+            probe.init_state(param)
+        state = optimizer_state(probe)
+    return sum(int(v.nbytes) for v in state.values() if is_array(v))
+
+
+def resident_bytes(model: Any) -> int:
+    """Bytes no policy moves: parameters, their gradients (present or about to be), persistent
+    state (BatchNormalization running statistics) and optimizer state (present or about to be)."""
+    total = 0
+    for param in model.params():
+        if param.array is not None:
+            total += 2 * int(param.array.nbytes)
+        total += optimizer_state_bytes(param)
+    for _, _, _, value in persistent_values(model):
+        if is_array(value):
+            total += int(value.nbytes)
+    return total
