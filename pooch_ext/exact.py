@@ -7,7 +7,7 @@ only with bounds that hold for every completion:
 
 * memory: swap is the tightest class for a map's own presence and changes no other map's
   lifetime, so if a partial classification does not fit with every undecided map swapped,
-  no completion fits (sim.engine.fits decides fitting exactly);
+  no completion fits (sim.budgets.fits decides fitting exactly);
 * time: a budget only delays a timeline, and without a budget switching a map from swap to
   keep never delays anything (its copies leave the queues, nothing else changes), so with
   the recompute set fixed the budget-free time with every undecided map kept bounds every

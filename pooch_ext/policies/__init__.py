@@ -5,8 +5,8 @@
 Link or preset name (None: the profile's own swap times), ``host_budget`` the host memory the
 swapped maps may hold at once (the same forms, 0 allowed; None: unlimited). A policy whose
 classes cannot fit returns a plan with ``feasible=False`` and the reason, never one that
-overflows; a budget below ``sim.engine.minimum_budget`` raises BudgetTooSmallError carrying that
-minimum, a host budget below ``sim.engine.minimum_host_budget`` HostBudgetTooSmallError
+overflows; a budget below ``sim.budgets.minimum_budget`` raises BudgetTooSmallError carrying that
+minimum, a host budget below ``sim.budgets.minimum_host_budget`` HostBudgetTooSmallError
 (common.Context refuses both, for every policy).
 """
 from __future__ import annotations

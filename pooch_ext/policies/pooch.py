@@ -14,7 +14,7 @@ speed. Memory left over is then filled with keeps where that costs no predicted 
 report both).
 
 Under a host budget every step counts a plan beyond it as infeasible, and the refinement
-gets one more seed: the least-swapping plan (sim.engine.least_swap_codes), which meets every
+gets one more seed: the least-swapping plan (sim.budgets.least_swap_codes), which meets every
 host budget from ``minimum_host_budget`` on, so a feasible plan is found wherever the
 budgets are not refused. The paper's steps alone have no such seed and may end infeasible.
 """

@@ -108,7 +108,7 @@ def keep_swap(model: SimModel, budget: int, max_depth: int = 8,
               stats: SearchStats | None = None,
               host_budget: float = math.inf) -> tuple[np.ndarray, SearchStats]:
     """Step 1: the keep / swap classification, starting from all-swap
-    (sim.engine.tightest_codes: where a map may not be swapped, recompute or keep)."""
+    (sim.budgets.tightest_codes: where a map may not be swapped, recompute or keep)."""
     started = time.perf_counter()
     stats = stats or SearchStats()
     ev = _Evaluator(model, budget, stats, host_budget)
