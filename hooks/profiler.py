@@ -447,6 +447,19 @@ def cleared_gradients(trace: GraphTrace, samples: list[IterationSample]
     return cleared
 
 
+def _use_measured_swap_times(profile: Profile, use: list[IterationSample]) -> None:
+    """Each map's swap-out and swap-in time: the median of its measured copies, where any."""
+    tensors = profile.tensors
+    for column in ("swap_out_s", "swap_in_s"):
+        measured: dict[int, list[float]] = {}
+        for s in use:
+            for t, values in getattr(s, column).items():
+                measured.setdefault(t, []).extend(values)
+        values = [(_median(measured[t]) if t in measured else v)
+                  for t, v in zip(tensors["tensor"], tensors[column])]
+        tensors[column] = np.asarray(values, float)
+
+
 def build_profile(samples: list[IterationSample], device: Device, link: Link, resident: int,
                   meta: dict | None = None, measured_swaps: bool = True) -> Profile:
     """The measured Profile of ``samples`` (all of one graph); the first is a warm-up when there
@@ -501,15 +514,7 @@ def build_profile(samples: list[IterationSample], device: Device, link: Link, re
         info["unmodelled_bytes"] = [list(item) for item in sorted(unmodelled.items())]
         profile = build()
     if measured_swaps:
-        tensors = profile.tensors
-        for column in ("swap_out_s", "swap_in_s"):
-            measured = {}
-            for s in use:
-                for t, values in getattr(s, column).items():
-                    measured.setdefault(t, []).extend(values)
-            values = [(_median(measured[t]) if t in measured else v)
-                      for t, v in zip(tensors["tensor"], tensors[column])]
-            tensors[column] = np.asarray(values, float)
+        _use_measured_swap_times(profile, use)
     if between:
         profile.ops["runtime_s"] = [between.get(int(op), 0.0) for op in profile.ops["op"]]
     profile.action_s = action_seconds(use)
