@@ -29,9 +29,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-import pandas as pd
 
-from pooch_ext.errors import PoochError
 from pooch_ext.hooks.chainer_refs import (node_array, retained_outputs, set_node_array,
                                           set_retained_outputs, variable_array)
 from pooch_ext.hooks.device import Transfer
@@ -40,90 +38,7 @@ from pooch_ext.hooks.graph import _TAG, GraphRecorder
 from pooch_ext.trace import GraphTrace
 from pooch_ext.hooks.recompute import recompute
 from pooch_ext.hooks.runtime_device import RuntimeDevice
-from pooch_ext.profile import Profile
-from pooch_ext.sim.check import validate_schedule
-
-
-class ExecutorError(PoochError):
-    """The schedule and the running graph disagree in a way the executor cannot repair."""
-
-
-@dataclass
-class Program:
-    """What the executor replays: the graph it was planned for, the actions by boundary."""
-
-    reference: GraphTrace
-    actions: dict[int, list[tuple[str, int, bool]]]   # boundary -> (action, tensor, final)
-    chains: dict[int, list[int]]                      # tensor -> forward ops that rebuild it
-    input_sources: frozenset[int]                     # network inputs some chain reads
-    n_ops: int
-    label: str = ""
-    known_inputs: list[list[int]] = field(default_factory=list)   # per op: tensors it reads
-    # that earlier ops made (network inputs are new to every iteration)
-    in_shapes: list[list[tuple]] = field(default_factory=list)    # per op: sorted (shape,
-    # dtype) of everything it reads, parameters included
-
-    def __post_init__(self) -> None:
-        if self.known_inputs:
-            return
-        for op in self.reference.ops:
-            tensors = self.reference.tensors
-            self.known_inputs.append([t for t in op.inputs if tensors[t].producer >= 0])
-            shapes = [(tensors[t].shape, tensors[t].dtype) for t in op.inputs] + \
-                [(shape, dtype) for shape, dtype in op.params]
-            self.in_shapes.append(sorted(shapes))
-
-    def matches(self, index: int, name: str, sources: list, in_data: tuple) -> str:
-        """Why forward op ``index`` (``name`` reading ``in_data``, whose tensors of this
-        iteration are ``sources``) is not the profiled op there; "" when it is. Checked
-        before the op runs, so a mismatch stops the plan before it drops anything."""
-        ops = self.reference.ops
-        if index >= len(ops):
-            return f"forward op {index} ({name}) is beyond the {len(ops)} profiled forward ops"
-        if ops[index].name != name:
-            return f"forward op {index} is {name}, the profiled graph has {ops[index].name}"
-        known = [s for s in sources if s is not None]
-        if known != self.known_inputs[index]:
-            return (f"forward op {index} ({name}) reads tensors {known}, the profiled graph "
-                    f"{self.known_inputs[index]}")
-        shapes = sorted((tuple(int(d) for d in a.shape), str(a.dtype)) for a in in_data
-                        if a is not None)
-        if shapes != self.in_shapes[index]:
-            return (f"forward op {index} ({name}) reads shapes {[s for s, _ in shapes]}, the "
-                    f"profiled graph {[s for s, _ in self.in_shapes[index]]}")
-        return ""
-
-
-def compile_program(trace: GraphTrace, profile: Profile, schedule: pd.DataFrame,
-                    label: str = "") -> Program:
-    """Check ``schedule`` against ``profile`` and the graph it came from; index it by boundary."""
-    n_fwd = int((profile.ops.phase == "forward").sum())
-    n_bwd = int((profile.ops.phase == "backward").sum())
-    if n_fwd != len(trace.ops) or n_bwd != len(trace.backward_order):
-        raise ExecutorError(f"the profile has {n_fwd} forward / {n_bwd} backward ops, the graph "
-                            f"{len(trace.ops)} / {len(trace.backward_order)}")
-    problems = validate_schedule(profile, schedule)
-    if problems:
-        raise ExecutorError(f"schedule{' ' + label if label else ''} is not executable: "
-                            f"{problems[0]}"
-                            + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
-    rows = schedule.sort_values(["boundary", "order"], kind="stable")
-    rows = list(zip(rows["boundary"].astype(int), rows["action"], rows["tensor"].astype(int)))
-    last_return: dict[int, int] = {}
-    for position, (_, action, tensor) in enumerate(rows):
-        if action in ("swap_in", "recompute"):
-            last_return[tensor] = position
-    actions: dict[int, list[tuple[str, int, bool]]] = {}
-    for position, (boundary, action, tensor) in enumerate(rows):
-        final = action == "free" and last_return.get(tensor, -1) < position
-        actions.setdefault(boundary, []).append((action, tensor, final))
-    tensors = profile.tensors.set_index("tensor")
-    recomputed = {t for _, a, t in rows if a == "recompute"}
-    chains = {t: [int(k) for k in tensors.at[t, "recompute_ops"]] for t in recomputed}
-    kinds = tensors["kind"]
-    sources = {int(s) for t in recomputed for s in tensors.at[t, "recompute_sources"]
-               if kinds.get(int(s)) == "input"}
-    return Program(trace, actions, chains, frozenset(sources), profile.n_ops, label)
+from pooch_ext.hooks.program import ExecutorError, Program
 
 
 @dataclass

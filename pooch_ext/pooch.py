@@ -46,7 +46,7 @@ from pooch_ext.errors import BudgetTooSmallError, PoochError
 from pooch_ext.hooks.chainer_refs import check_chainer, grad_valid, set_grad_valid
 from pooch_ext.hooks.device import UNLIMITED, device_for
 from pooch_ext.hooks.model_state import grad_of, host_copy, persistent_values, resident_bytes
-from pooch_ext.hooks.executor import ExecutorError, Program, compile_program
+from pooch_ext.hooks.program import ExecutorError, Program, compile_program
 from pooch_ext.trace import GraphTrace
 from pooch_ext.hooks.profiler import Profiler, build_profile, fit_link
 from pooch_ext.hooks.scope import Models

@@ -10,7 +10,8 @@ import chainer
 import chainer.functions as F
 
 from pooch_ext.hooks.device import DeviceOutOfMemoryError, HostSimDevice
-from pooch_ext.hooks.executor import Executor, ExecutorError, compile_program
+from pooch_ext.hooks.executor import Executor
+from pooch_ext.hooks.program import ExecutorError, compile_program
 from pooch_ext.hooks.graph import GraphRecorder
 from pooch_ext.testing import (BranchyNet, make_optimizer, model_state, states_equal,
                                       synthetic_batches)
