@@ -1,8 +1,8 @@
 """The training state a model holds, as the runtime must see it: every array training changes
 (parameters, gradients, persistent values, optimizer state), host copies of it, and the bytes
 that stay resident on the device whatever the plan. Used to account the device's memory, to
-snapshot and restore a model when PoocH refuses before an update, and by the tests that
-compare PoocH with plain Chainer bit for bit.
+snapshot and restore a model when PoocH refuses before an update (ModelSnapshot), and by
+the tests that compare PoocH with plain Chainer bit for bit.
 """
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ import numpy as np
 import pooch_ext  # noqa: F401  (chainer import compat)
 import chainer
 
-from pooch_ext.hooks.chainer_refs import optimizer_state, persistent_names, set_optimizer_state
+from pooch_ext.hooks.chainer_refs import (grad_valid, optimizer_state, persistent_names,
+                                          set_grad_valid, set_optimizer_state)
 
 
 def base_of(array: Any) -> Any:
@@ -102,3 +103,50 @@ def resident_bytes(model: Any) -> int:
         if is_array(value):
             total += int(value.nbytes)
     return total
+
+
+class ModelSnapshot:
+    """Host copies of what a failed PoocH attempt could change in the model: parameters, their
+    gradients (Chainer may write into a gradient array it reuses) and persistent values
+    (BatchNormalization running statistics)."""
+
+    def __init__(self, model: Any) -> None:
+        self.params: list = []
+        self.persistent: list = []
+        self._seen: set = set()          # ids of parameters, (link id, name) of values
+        self.add(model)
+
+    def add(self, model: Any) -> None:
+        """Also snapshot ``model`` (a link that joined: taken before it first runs); what is
+        already in the snapshot stays as it was taken."""
+        for p in model.params():
+            if id(p) not in self._seen:
+                self._seen.add(id(p))
+                self.params.append((p, host_copy(p.array), (grad_valid(p), host_copy(grad_of(p)))))
+        for _, link, name, value in persistent_values(model):
+            if (id(link), name) not in self._seen:
+                self._seen.add((id(link), name))
+                self.persistent.append((link, name, host_copy(value) if hasattr(value, "shape")
+                                        else value))
+
+    @staticmethod
+    def _put(current: Any, saved: Any) -> Any:
+        """``saved`` back into ``current`` in place when possible, else on its device."""
+        if current is None or saved is None or not hasattr(current, "shape") or \
+                current.shape != saved.shape:
+            return saved if current is None or saved is None else \
+                chainer.backend.get_device_from_array(current).send(saved)
+        current[...] = chainer.backend.get_device_from_array(current).send(saved)
+        return current
+
+    def restore(self) -> None:
+        """Put the snapshot back into the model (arrays in place where the shapes agree)."""
+        for param, array, (valid, grad) in self.params:
+            # a lazily initialised parameter the failed attempt initialised goes back to None
+            param.array = None if array is None else self._put(param.array, array)
+            param.grad = None if grad is None or param.array is None else \
+                chainer.backend.get_device_from_array(param.array).send(grad)
+            set_grad_valid(param, valid)
+        for link, name, value in self.persistent:
+            current = link.__dict__[name]
+            link.__dict__[name] = self._put(current, value) if hasattr(value, "shape") else value

@@ -102,7 +102,7 @@ def test_a_policy_that_cannot_fit_fails_before_the_first_update_and_changes_noth
 
 
 def test_the_snapshot_puts_back_parameters_gradients_and_statistics():
-    from pooch_ext.pooch import ModelSnapshot
+    from pooch_ext.hooks.model_state import ModelSnapshot
 
     np.random.seed(0)
     model = BranchyNet()
