@@ -204,6 +204,7 @@ class _Run:
         n, n_fwd, rec, dur, top = self.n, self.n_fwd, self.rec, self.dur, self.top
         free_at, so_at, c_free, vdnn = self.free_at, self.so_at, self.c_free, self.vdnn
         limited = not self.unlimited
+        rc_at, op_wait_at, n_queue = self.rc_at, self.op_wait_at, len(self.queue)
         for b in range(n + 1):
             if b == n_fwd:
                 self.forward_end = self.t
@@ -224,8 +225,9 @@ class _Run:
                 self.overflow = (f"op {b} ({self.model.names[b]}) needs {int(top[b])} "
                                  f"bytes with every possible release done; budget "
                                  f"{int(self.budget)}")
-            sync_now = self._swap_ins(b) if n_fwd <= b < n else []
-            self._recomputes_and_waits(b, sync_now)
+            sync_now = self._swap_ins(b) if n_fwd <= b < n and self.qpos < n_queue else []
+            if b in rc_at or b in op_wait_at or sync_now or self.sync_prev:   # else nothing
+                self._recomputes_and_waits(b, sync_now)
             if b < n:
                 if rec:
                     rec.op(b, self.t)
