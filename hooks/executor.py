@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 
 from pooch_ext.hooks.chainer_refs import (node_array, retained_outputs, set_node_array,
@@ -39,6 +39,9 @@ from pooch_ext.trace import GraphTrace
 from pooch_ext.hooks.recompute import recompute
 from pooch_ext.hooks.runtime_device import RuntimeDevice
 from pooch_ext.hooks.program import ExecutorError, Program
+
+if TYPE_CHECKING:
+    from pooch_ext.hooks.profiler import Profiler
 
 
 @dataclass
@@ -96,6 +99,7 @@ class Executor(GraphRecorder):
         self._enforce_after = False  # the device's budget is off for this iteration only
         self._in_data: tuple = ()
         self.timed_transfers = False
+        self.profiler: Profiler | None = None     # attached while profiling (its attach())
         self.history: list[IterationStats] = []
         self.stats = IterationStats(-1)
         self.deviation = ""
@@ -436,6 +440,8 @@ class Executor(GraphRecorder):
             self._in_data = ()
 
     def forward_postprocess(self, function: Any, in_data: tuple) -> None:
+        if self.profiler is not None:
+            self.profiler.forward_function_done(function)
         super().forward_postprocess(function, in_data)
         if self._pending is not None and self._pending[1] is function:
             self._pending_in_data = in_data
@@ -463,6 +469,8 @@ class Executor(GraphRecorder):
             self._unbudgeted()              # nothing planned this iteration's memory
         self.device.reset_peak()
         self.stats.started = time.perf_counter()
+        if self.profiler is not None:
+            self.profiler.iteration_started()
 
     def _switch(self, index: int, name: str) -> bool:
         """Go on with another known program if the graph so far is its graph too and this op
@@ -506,6 +514,8 @@ class Executor(GraphRecorder):
             if slot.transfer is not None:
                 self.device.discard(slot.transfer)
                 slot.transfer = None
+        if self.profiler is not None:
+            self.profiler.forward_only_dropped()
 
     def on_compact(self, n_ops: int, n_tensors: int) -> None:
         self._restore_all({t for t in self.slots if t < n_tensors})
@@ -521,6 +531,8 @@ class Executor(GraphRecorder):
         self._candidates = [t - n_tensors for t in self._candidates if t >= n_tensors]
         self.executed = [(b - n_ops, a, t - n_tensors, s, w) for b, a, t, s, w in self.executed
                          if t >= n_tensors and b >= n_ops]
+        if self.profiler is not None:
+            self.profiler.compacted(n_ops, n_tensors)
 
     def on_unsupported(self, reason: str) -> None:
         self._go_passive()
@@ -537,10 +549,14 @@ class Executor(GraphRecorder):
         if self._on_demand():
             self._release_unreferenced()
         self.device.check("forward op", index, function)
+        if self.profiler is not None:
+            self.profiler.forward_began(index)
 
     def on_forward_resolved(self, index: int, function: Any) -> None:
         op = self.trace.ops[index]
         in_data, self._pending_in_data = self._pending_in_data, None
+        # a profiler times the op's recomputation on its inputs (and holds them until then)
+        rerun_inputs = in_data if self.profiler is not None else None
         program = self.program
         tensors = self.trace.tensors
         for node, array in zip(function.inputs, in_data or ()):
@@ -564,6 +580,8 @@ class Executor(GraphRecorder):
         if self._on_demand():
             self._candidates.extend(t for t in self._retained(op) if t not in self._candidates)
         self.device.check("forward op", index, function)
+        if self.profiler is not None:
+            self.profiler.forward_resolved(index, function, rerun_inputs)
 
     def on_backward_begin(self, index: int, fwd_index: int, function: Any) -> None:
         program = self.program
@@ -582,6 +600,13 @@ class Executor(GraphRecorder):
             self._release_unreferenced()
         self._restore_for(fwd_index)
         self.device.check("backward op", index, function)
+        if self.profiler is not None:
+            self.profiler.backward_began(index, fwd_index)
+
+    def backward_postprocess(self, function: Any, in_data: tuple, out_grad: tuple) -> None:
+        if self.profiler is not None and self._in_backward:
+            self.profiler.backward_function_done()
+        super().backward_postprocess(function, in_data, out_grad)
 
     def _restore_for(self, fwd_index: int) -> None:
         """What forward op ``fwd_index``'s backward reads, back on the device if it is not."""
@@ -620,6 +645,8 @@ class Executor(GraphRecorder):
             self.backward_done(trace)
 
     def on_iteration_end(self, trace: GraphTrace) -> None:
+        if self.profiler is not None:
+            self.profiler.iteration_ending()
         program = self.program
         if program is not None and not self.deviation and not self.passive:
             if len(trace.backward_order) != len(program.reference.backward_order):
@@ -635,9 +662,8 @@ class Executor(GraphRecorder):
         self._candidates = []
         self.stats.peak_bytes = int(self.device.peak)
         self.history.append(self.stats)
-        self.collect(trace)
+        if self.profiler is not None:
+            self.profiler.collect(trace)
+        self.stats.transfers = []
         if self.iteration_done is not None:
             self.iteration_done(trace)
-
-    def collect(self, trace: GraphTrace) -> None:
-        """Subclasses gather measurements of the iteration that just ended."""

@@ -25,6 +25,24 @@ MOVED = {
     "pooch_ext.hooks.training": "pooch_ext.testing",
 }
 
+# names that left a module which stays: module -> (their new home, the names)
+MOVED_NAMES = {
+    "pooch_ext.hooks.profiler": ("pooch_ext.hooks.measured_profile", (
+        "build_profile", "fit_link", "unmodelled_bytes", "runtime_seconds", "action_seconds",
+        "cleared_gradients", "SLACK_BYTES")),
+}
+
+
+def moved_name(module: str, name: str) -> object:
+    """``module.name`` for a name that moved (a module's ``__getattr__`` calls this), with a
+    DeprecationWarning naming its new home; AttributeError for any other name."""
+    new, names = MOVED_NAMES.get(module, ("", ()))
+    if name not in names:
+        raise AttributeError(f"module {module!r} has no attribute {name!r}")
+    warnings.warn(f"{module}.{name} moved to {new}; the old name goes in the next release",
+                  DeprecationWarning, stacklevel=3)
+    return getattr(importlib.import_module(new), name)
+
 
 class _MovedLoader(importlib.abc.Loader):
     def __init__(self, new: str):

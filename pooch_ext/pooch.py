@@ -48,7 +48,9 @@ from pooch_ext.hooks.device import UNLIMITED, device_for
 from pooch_ext.hooks.model_state import ModelSnapshot, resident_bytes
 from pooch_ext.hooks.program import ExecutorError, Program, compile_program
 from pooch_ext.trace import GraphTrace
-from pooch_ext.hooks.profiler import Profiler, build_profile, fit_link
+from pooch_ext.hooks.executor import Executor
+from pooch_ext.hooks.measured_profile import build_profile, fit_link
+from pooch_ext.hooks.profiler import Profiler
 from pooch_ext.hooks.scope import Models
 from pooch_ext.hooks.runtime_device import RuntimeDevice
 from pooch_ext.links import Link, get_link
@@ -91,7 +93,8 @@ class PoocH:
         self.program: Program | None = None
         self.budget_bytes: int | None = None
         self.messages: list[str] = []
-        self.runtime: Profiler | None = None
+        self.runtime: Executor | None = None       # the Chainer hook that runs plans
+        self.profiler: Profiler | None = None     # attached to it while profiling
         self._graphs: dict[tuple, _Graph] = {}    # signature -> what PoocH knows of it
         self._deviations: list[str] = []
         self._found_at_start = False
@@ -116,10 +119,11 @@ class PoocH:
                              else self.device.capacity_bytes())
         with self.device.host_side():
             self._snapshot = ModelSnapshot(self.models)
-        self.runtime = Profiler(self.models, self.device, on_deviation=self._deviated,
+        self.runtime = Executor(self.models, self.device, on_deviation=self._deviated,
                                 iteration_done=self._iteration_done,
                                 backward_done=self._backward_done,
                                 link_added=self._link_added)
+        self.profiler = Profiler(self.runtime)
         self.runtime.__enter__()
         _ACTIVE.append(self)
         self._gate_updates()
@@ -137,6 +141,7 @@ class PoocH:
                 runtime.abandon()
             runtime.__exit__(exc_type, exc, tb)
         finally:
+            self.profiler.detach()
             self._closing = True
             self.device.restore()
 
@@ -149,7 +154,7 @@ class PoocH:
 
     def _start_profiling(self) -> None:
         self.runtime.use(None)
-        self.runtime.start_measuring()
+        self.profiler.attach()
         self.runtime.catalog = self._programs
         self.runtime.on_unsupported_run = self._unsupported
         self.runtime.on_switch = self._switched
@@ -174,7 +179,7 @@ class PoocH:
         so it can be measured whole from here on."""
         if len(self.runtime.functions) == 1 and not self.runtime.trace.ops:
             self._found_at_start = True
-            self.runtime.start_measuring()
+            self.profiler.attach()
 
     def _in_refusal_window(self) -> bool:
         """Nothing was updated yet: the first training iteration under PoocH."""
@@ -255,7 +260,7 @@ class PoocH:
         if trace.unsupported:
             return                          # refused before the first update
         try:
-            provisional = self._build_profile([self.runtime.current_sample(trace)])
+            provisional = self._build_profile([self.profiler.current_sample(trace)])
             self._check_fits(provisional)
         except BaseException:
             self._closing = True
@@ -298,7 +303,7 @@ class PoocH:
                 oldest = min(self._graphs, key=lambda s: self._graphs[s].last_seen)
                 del self._graphs[oldest]
         graph.last_seen = self._trained
-        sample = self.runtime.last_sample
+        sample = self.profiler.last_sample
         if not graph.planned and sample is not None and sample.trace is trace:
             graph.samples.append(sample)
             self._plan_graph(graph, trace)
@@ -309,9 +314,9 @@ class PoocH:
         if not graph.planned or any(
                 not g.planned and not g.found_at_start and
                 g.last_seen > self._trained - RECENT for g in self._graphs.values()):
-            self.runtime.start_measuring()
+            self.profiler.attach()
         else:
-            self.runtime.stop_measuring()
+            self.profiler.detach()
 
     def _plan_graph(self, graph: "_Graph", trace: GraphTrace) -> None:
         """Plan ``graph`` from its samples: a swap-all program to profile with after the
@@ -449,7 +454,8 @@ class PoocH:
         attributed to the op running (-1 between ops; backward ops have their own index)."""
         from pooch_ext.hooks.allocator import EVENT_COLUMNS
 
-        rows = [(s.iteration,) + tuple(e) for s in self.runtime.samples for e in s.allocations]
+        samples = self.profiler.samples if self.profiler is not None else []
+        rows = [(s.iteration,) + tuple(e) for s in samples for e in s.allocations]
         return pd.DataFrame(rows, columns=["iteration", *EVENT_COLUMNS])
 
     def extension(self) -> Any:

@@ -69,7 +69,7 @@ resident_bytes: parameters, their gradients and optimizer state, which no policy
   from op 0 to the end of forward (builder.ProfileBuilder.parameter_gradient).
 
 action_s: host seconds the runtime spends on one schedule action of each kind (plan.ACTIONS),
-  beyond any wait for a copy; measured by hooks/profiler.action_seconds on the CPU device,
+  beyond any wait for a copy; measured by hooks/measured_profile.action_seconds on the CPU device,
   where the host's time is the iteration's. The simulator adds them where a plan acts. The
   hooks' own cost per op is ``runtime_s`` (gaps less the actions measured in them).
 

@@ -2,7 +2,7 @@
 included) against the plan's prediction: the plan's peak is the measured peak within 5%, and
 a feasible plan's measured peak never exceeds the budget, for networks and policies that move
 maps in different ways. The prediction includes what profiling measured beyond the graph
-model (hooks/profiler.unmodelled_bytes); without it the first case is known to fail (a
+model (hooks/measured_profile.unmodelled_bytes); without it the first case is known to fail (a
 measured 27.5 MB against a 25.8 MB budget on small-resnet b16)."""
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ import pytest
 from pooch_ext.errors import ProfileError
 from pooch_ext.hooks.model_state import resident_bytes
 from pooch_ext.hooks.graph import GraphRecorder
-from pooch_ext.hooks.profiler import IterationSample, build_profile, fit_link
+from pooch_ext.hooks.measured_profile import IterationSample, build_profile, fit_link
 from pooch_ext.testing import BranchyNet, make_optimizer, synthetic_batches, train
 from pooch_ext.links import get_link
 from pooch_ext.policies import get_policy
@@ -148,7 +148,7 @@ def test_fit_link_recovers_bandwidth_and_latency():
 def test_build_profile_refuses_samples_of_different_graphs():
     small, _ = _profiled(iters=2, batch=2)
     other = _profiled(iters=2, batch=4)[0]
-    mixed = small.runtime.samples + other.runtime.samples
+    mixed = small.profiler.samples + other.profiler.samples
     with pytest.raises(ProfileError, match="different graphs"):
         build_profile(mixed, Device("x", 1 << 30, "host-sim"), get_link("pcie3"), 0)
     with pytest.raises(ProfileError, match="no profiled iteration"):
@@ -161,7 +161,8 @@ def test_runtime_between_ops_is_the_gap_less_the_actions_run_in_it():
     holding an untimed action (done on demand) takes its phase's median."""
     import pandas as pd
 
-    from pooch_ext.hooks.profiler import IterationSample, runtime_seconds, _gaps
+    from pooch_ext.hooks.measured_profile import IterationSample, runtime_seconds
+    from pooch_ext.hooks.profiler import _gaps
     from pooch_ext.hooks.device import WallTimer
 
     timers = []
@@ -199,7 +200,7 @@ def test_runtime_between_ops_is_the_gap_less_the_actions_run_in_it():
 def test_action_seconds_are_medians_of_the_actions_that_did_not_wait():
     import pandas as pd
 
-    from pooch_ext.hooks.profiler import IterationSample, action_seconds
+    from pooch_ext.hooks.measured_profile import IterationSample, action_seconds
 
     s = IterationSample(1, None)
     s.gap_s = {1: 0.0}
@@ -211,3 +212,36 @@ def test_action_seconds_are_medians_of_the_actions_that_did_not_wait():
     assert action_seconds([s]) == pytest.approx({"swap_out": 2e-4, "release": 5e-6})
     s.gap_s = {}                                     # device timers: not the iteration's time
     assert action_seconds([s]) == {}
+
+
+def test_the_profiler_is_attached_only_while_profiling():
+    """The profiled iterations are measured; once the graph has its plan the executor runs
+    alone (nothing timed, no sample, no allocation log, copies untimed)."""
+    np.random.seed(0)
+    model = BranchyNet()
+    seen = []        # after each step (an iteration ends when the next begins): measured?
+
+    def watch(result):
+        runtime = result.pooch.runtime
+        seen.append((runtime.profiler is result.pooch.profiler, runtime.timed_transfers))
+    result = train(model, make_optimizer(model, "adam"),
+                   synthetic_batches(6, 4, (3, 16, 16), 5),
+                   {"profile_iters": 2, "policy": "swap-all", "verbose": False,
+                    "device": tracked_device()}, after_step=watch)
+    assert result.error is None
+    pooch = result.pooch
+    assert seen == [(True, True)] * 2 + [(False, False)] * 4
+    assert [s.iteration for s in pooch.profiler.samples] == [0, 1]
+    assert pooch.profiler.last_sample is None and not pooch.profiler.measuring
+    assert list(pooch.allocations.iteration.unique()) == [0, 1]
+    assert all(not stats.transfers for stats in pooch.runtime.history)
+
+
+def test_names_moved_out_of_the_profiler_module_stay_reachable_with_a_warning():
+    import pooch_ext.hooks.profiler as old
+    from pooch_ext.hooks import measured_profile
+
+    with pytest.warns(DeprecationWarning, match="measured_profile"):
+        assert old.build_profile is measured_profile.build_profile
+    with pytest.raises(AttributeError):
+        old.no_such_name

@@ -1,0 +1,237 @@
+"""The measured Profile: what profiled iterations showed (``IterationSample``, filled by
+hooks/profiler.py) turned into the same contract as the analytic profile, through
+``GraphTrace.to_builder``.
+
+Op times are medians over the samples after the first (a warm-up), scratch sizes the largest
+seen, swap times the medians of the measured copies (the link preset on the CPU device) and
+``link`` a fit of those copies; the bytes the graph model misses, the host seconds between
+ops and per schedule action are measured here too.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from pooch_ext.errors import ProfileError
+from pooch_ext.links import Link
+from pooch_ext.profile import Device, Profile
+from pooch_ext.trace import GraphTrace
+
+
+@dataclass
+class IterationSample:
+    """What one measured iteration showed."""
+
+    iteration: int
+    trace: GraphTrace
+    forward_s: dict[int, float] = field(default_factory=dict)     # forward op -> seconds
+    backward_s: dict[int, float] = field(default_factory=dict)    # forward op -> its backward
+    saved_bytes: dict[int, int] = field(default_factory=dict)     # forward op -> bytes kept
+    scratch: dict[int, int] = field(default_factory=dict)         # op (fwd or bwd index) -> bytes
+    swap_out_s: dict[int, list[float]] = field(default_factory=dict)
+    swap_in_s: dict[int, list[float]] = field(default_factory=dict)
+    transfers: list[tuple[str, int, float]] = field(default_factory=list)  # (dir, bytes, s)
+    allocations: list[tuple] = field(default_factory=list)
+    # the device's measured peak (bytes) per op, from the end of the op before it (so the
+    # actions at its boundary count) to its own end; only where the device counts allocations
+    peak_bytes: dict[int, int] = field(default_factory=dict)
+    schedule: pd.DataFrame | None = None    # what it did to feature maps (None: passive)
+    # host seconds between the op before's end and this op's start (wall-clock timers only):
+    # Chainer's and the model's Python between functions, PoocH's hooks and actions
+    # (the profiler's own bookkeeping and rerun timings left out)
+    gap_s: dict[int, float] = field(default_factory=dict)
+    rerun_s: dict[int, float] = field(default_factory=dict)   # forward op -> its recompute
+
+
+def fit_link(samples: list[IterationSample], name: str = "measured") -> Link | None:
+    """latency + bytes / bandwidth fitted to the measured copies (None without copies)."""
+    fitted = {}
+    for direction in ("d2h", "h2d"):
+        points = np.array([(b, s) for sample in samples for d, b, s in sample.transfers
+                           if d == direction and b > 0 and s > 0], float)
+        if len(points) == 0:
+            return None
+        nbytes, seconds = points[:, 0], points[:, 1]
+        slope, latency = (np.polyfit(nbytes, seconds, 1) if len(set(nbytes)) > 1
+                          else (seconds.sum() / nbytes.sum(), 0.0))
+        if slope <= 0:
+            slope, latency = seconds.sum() / nbytes.sum(), 0.0
+        fitted[direction] = (1.0 / slope, max(0.0, float(latency)))
+    latency = (fitted["d2h"][1] + fitted["h2d"][1]) / 2
+    return Link(name, fitted["d2h"][0], fitted["h2d"][0], latency)
+
+
+# a few KiB vary between iterations and plans (BatchNormalization's running statistics made
+# anew, index arrays, 0-d results): measured per-op peaks of a planned run exceeded the
+# calibrated prediction by up to 3.6 KiB on small-resnet; every op is allowed this much more
+SLACK_BYTES = 8 * 1024
+
+
+def unmodelled_bytes(profile: Profile, samples: list[IterationSample]) -> dict[int, int]:
+    """Per op, the most bytes by which the measured peak exceeded the graph model's for the
+    schedule the iteration ran (only samples that ran one whole, on a device that counts its
+    allocations). What the model misses is Chainer's gradient bookkeeping: the backward loop
+    holds an op's inputs and output gradients until the next op starts, accumulates a
+    gradient used twice through a temporary sum, keeps parameter gradients in its table until
+    backward ends, and lets Add / Reshape / Concat hand out views of one gradient. None of it
+    depends on which maps are kept, swapped or recomputed (measured: the same per-op excess
+    under in-core, swap-all and sqrt-n plans), so adding it to the op's transient bytes makes
+    every plan's predicted peak the measured one (tests/test_memory_fidelity.py)."""
+    from pooch_ext.sim.check import schedule_memory
+
+    excess: dict[int, int] = {}
+    maps = set(profile.feature_maps["tensor"].tolist())
+    for sample in samples:
+        if not sample.peak_bytes or sample.schedule is None:
+            continue
+        ran = sample.schedule
+        # maps the model classifies, at the graph's boundaries (others are modelled events)
+        schedule = ran[ran["tensor"].isin(maps) & (ran["boundary"] <= profile.n_ops)]
+        predicted = schedule_memory(profile, schedule)["peak_bytes"].to_numpy()
+        for op, measured in sample.peak_bytes.items():
+            if 0 <= op < len(predicted) - 1:
+                excess[op] = max(excess.get(op, 0), int(measured - predicted[op]) + SLACK_BYTES)
+    return {op: nbytes for op, nbytes in excess.items() if nbytes > 0}
+
+
+def runtime_seconds(samples: list[IterationSample], n_fwd: int) -> dict[int, float]:
+    """Per op, the host time between ops that neither the op windows nor the schedule's actions
+    take (Python in Chainer and the model, PoocH's hooks): the median over the samples of the
+    gap before it less the seconds of the actions run in that gap; where an action went
+    untimed (done on demand), the median such time of its phase. On a CPU this is compute
+    time like any other (on a GPU the host runs ahead: no wall-clock gaps there)."""
+    clean: dict[int, list[float]] = {}
+    for sample in samples:
+        acted: dict[int, float] = {}
+        if sample.schedule is not None:
+            ran = sample.schedule
+            acted = ran.groupby("boundary")["seconds"].agg(
+                lambda v: v.sum() if v.notna().all() else math.nan).to_dict()
+        for op, seconds in sample.gap_s.items():
+            spent = acted.get(op, 0.0)
+            if spent == spent:          # not NaN: every action in the gap was timed
+                clean.setdefault(op, []).append(max(0.0, seconds - spent))
+    ops = {op for sample in samples for op in sample.gap_s}
+    phase = {forward: _median([v for op, vs in clean.items() for v in vs
+                               if (op < n_fwd) == forward]) for forward in (True, False)}
+    return {op: _median(clean[op]) if op in clean else phase[op < n_fwd] for op in ops}
+
+
+def action_seconds(samples: list[IterationSample]) -> dict[str, float]:
+    """Per schedule action kind, the median host seconds the executor spent on one, over the
+    timed actions that found their copy landed (a wait's length is the simulator's to
+    predict, from the copy times); {} when no sample ran a schedule on a host clock."""
+    if not any(s.gap_s for s in samples):
+        return {}           # device timers: the host's time is not the iteration's
+    ran = [s.schedule for s in samples if s.schedule is not None and len(s.schedule)]
+    if not ran:
+        return {}
+    actions = pd.concat(ran, ignore_index=True)
+    actions = actions[~actions["waited"] & actions["seconds"].notna()]
+    return {str(kind): float(seconds.median())
+            for kind, seconds in actions.groupby("action")["seconds"]}
+
+
+def _median(values: list[float]) -> float:
+    return float(statistics.median(values)) if values else 0.0
+
+
+def cleared_gradients(trace: GraphTrace, samples: list[IterationSample]
+                      ) -> list[tuple[int, list[int], bool]]:
+    """(bytes, forward ops reading it, held in forward) of each parameter gradient that no
+    sample still held as backward began: the loop cleared it, so it is not resident (measured:
+    an LSTM's recurrent weights' gradients are 20% of its peak, absent until their first
+    backward op). A gradient held at any sample's backward, or of a parameter some sample read
+    differently, stays resident: never less memory than the model had before."""
+    readers: dict[int, list[int]] = {}
+    for op in trace.ops:
+        for p in op.param_ids:
+            readers.setdefault(p, []).append(op.index)
+    cleared = []
+    for p, ops in sorted(readers.items()):
+        records = [s.trace.params[p] for s in samples if p < len(s.trace.params)]
+        if len(records) != len(samples) or any(r.nbytes != records[0].nbytes or r.grad_in_backward
+                                               for r in records):
+            continue
+        cleared.append((records[0].nbytes, ops, any(r.grad_in_forward for r in records)))
+    return cleared
+
+
+def _use_measured_swap_times(profile: Profile, use: list[IterationSample]) -> None:
+    """Each map's swap-out and swap-in time: the median of its measured copies, where any."""
+    tensors = profile.tensors
+    for column in ("swap_out_s", "swap_in_s"):
+        measured: dict[int, list[float]] = {}
+        for s in use:
+            for t, values in getattr(s, column).items():
+                measured.setdefault(t, []).extend(values)
+        values = [(_median(measured[t]) if t in measured else v)
+                  for t, v in zip(tensors["tensor"], tensors[column])]
+        tensors[column] = np.asarray(values, float)
+
+
+def build_profile(samples: list[IterationSample], device: Device, link: Link, resident: int,
+                  meta: dict | None = None, measured_swaps: bool = True) -> Profile:
+    """The measured Profile of ``samples`` (all of one graph); the first is a warm-up when there
+    are two or more. ``measured_swaps``: take swap times from the copies, else from ``link``."""
+    if not samples:
+        raise ProfileError("no profiled iteration to build a profile from")
+    use = samples[1:] if len(samples) > 1 else samples
+    trace = use[-1].trace
+    signature = trace.signature()
+    if any(s.trace.signature() != signature for s in use):
+        raise ProfileError("the profiled iterations ran different graphs")
+    n_fwd = len(trace.ops)
+    bwd_index = {k: n_fwd + j for j, k in enumerate(trace.backward_order)}
+
+    unmodelled: dict[int, int] = {}      # op -> measured bytes the graph model lacks
+    between = runtime_seconds(use, n_fwd)
+
+    def cost(_trace: GraphTrace, op: Any) -> dict:
+        k = op.index
+        j = bwd_index.get(k, -1)
+        return dict(
+            duration_s=_median([s.forward_s[k] for s in use if k in s.forward_s]),
+            rerun_s=(_median([s.rerun_s[k] for s in use if k in s.rerun_s])
+                     if any(k in s.rerun_s for s in use) else None),
+            backward_s=_median([s.backward_s[k] for s in use if k in s.backward_s]),
+            transient_bytes=max([s.scratch.get(k, 0) for s in use]) + unmodelled.get(k, 0),
+            backward_transient_bytes=(max([s.scratch.get(j, 0) for s in use])
+                                      + unmodelled.get(j, 0)) if j >= 0 else 0,
+            saved_bytes=int(_median([s.saved_bytes.get(k, 0) for s in use])))
+
+    info = dict(meta or {})
+    info.setdefault("source", "measured")
+    info["profiled_iterations"] = [s.iteration for s in samples]
+    info["measured_iterations"] = [s.iteration for s in use]
+    info["measured_at"] = time.strftime("%Y-%m-%dT%H:%M:%S")
+
+    cleared = cleared_gradients(trace, use)
+    if cleared:
+        info["cleared_gradients"] = dict(arrays=len(cleared),
+                                         bytes=sum(nbytes for nbytes, _, _ in cleared))
+
+    def build() -> Profile:
+        builder = trace.to_builder(device, link, cost, info)
+        builder.resident(resident - sum(nbytes for nbytes, _, _ in cleared))
+        for nbytes, readers, in_forward in cleared:
+            builder.parameter_gradient(nbytes, readers, in_forward)
+        return builder.build(loss=trace.loss, backward_order=trace.backward_order)
+
+    profile = build()
+    unmodelled.update(unmodelled_bytes(profile, use))
+    if unmodelled:
+        info["unmodelled_bytes"] = [list(item) for item in sorted(unmodelled.items())]
+        profile = build()
+    if measured_swaps:
+        _use_measured_swap_times(profile, use)
+    if between:
+        profile.ops["runtime_s"] = [between.get(int(op), 0.0) for op in profile.ops["op"]]
+    profile.action_s = action_seconds(use)
+    return profile
