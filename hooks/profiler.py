@@ -235,7 +235,7 @@ class Profiler:
         op = executor.trace.ops[index]
         exclude = set(self._model_ids)
         for t in op.inputs + op.outputs:
-            array = executor.array_of(t)
+            array = executor.maps.array_of(t)
             if array is not None:
                 exclude.add(id(base_of(array)))
         total = 0

@@ -64,6 +64,43 @@ class Program:
                     f"profiled graph {[s for s, _ in self.in_shapes[index]]}")
         return ""
 
+    def resolved_differs(self, trace: GraphTrace, index: int) -> str:
+        """Why forward op ``index`` of ``trace``, now resolved, read or kept other tensors or
+        made other shapes than the profiled op; "" when it did not."""
+        reference = self.reference
+        if index >= len(reference.ops):
+            return ""
+        mine, theirs = trace.ops[index], reference.ops[index]
+        if (mine.inputs, mine.outputs, mine.retain_inputs, mine.retain_outputs) != \
+                (theirs.inputs, theirs.outputs, theirs.retain_inputs, theirs.retain_outputs):
+            return (f"forward op {index} ({mine.name}) reads or keeps different tensors than "
+                    "in the profiled graph")
+        for t in mine.outputs:
+            a, b = trace.tensors[t], reference.tensors[t]
+            if (a.shape, a.dtype) != (b.shape, b.dtype):
+                return (f"tensor {t} of op {index} ({mine.name}) has shape {a.shape} {a.dtype}, "
+                        f"the profiled graph had {b.shape} {b.dtype}")
+        return ""
+
+    def backward_differs(self, trace: GraphTrace, index: int, fwd_index: int) -> str:
+        """Why backward op ``index`` (of forward op ``fwd_index``) is not the profiled one, or
+        the forward before it was not as long; "" when it is."""
+        reference = self.reference
+        position = index - len(trace.ops)
+        if len(trace.ops) != len(reference.ops):
+            return f"forward had {len(trace.ops)} ops, the profiled graph {len(reference.ops)}"
+        if position >= len(reference.backward_order) or \
+                reference.backward_order[position] != fwd_index:
+            return f"backward op {index} differentiates forward op {fwd_index}, not the profiled one"
+        return ""
+
+    def end_differs(self, trace: GraphTrace) -> str:
+        """Why the ended iteration ``trace`` ran another number of backward ops; "" if not."""
+        ran, planned = len(trace.backward_order), len(self.reference.backward_order)
+        if ran != planned:
+            return f"the iteration ran {ran} backward ops, the profiled graph {planned}"
+        return ""
+
 
 def compile_program(trace: GraphTrace, profile: Profile, schedule: pd.DataFrame,
                     label: str = "") -> Program:

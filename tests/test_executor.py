@@ -87,7 +87,7 @@ class Watching(Executor):
         super().on_forward_begin(index, function)
         if self.program is not None:
             self.seen.append((self.iteration, index,
-                              tuple(self.array_of(t) is None for t in self.watch)))
+                              tuple(self.maps.array_of(t) is None for t in self.watch)))
 
 
 def _execute(batches, program_for=None, device=None, executor_cls=Executor, **kwargs):

@@ -1,0 +1,272 @@
+"""The feature maps of the iteration in progress and the actions that move them (DESIGN.md,
+"Executing a plan inside Chainer"): where each map is, which of the graph's references to it
+were dropped, and the six schedule actions, done the same way whether the executor replays a
+schedule (hooks/executor.py) or works on demand (hooks/ondemand.py).
+
+* ``swap_out``: the device starts copying the map to the host (copy stream, after the work
+  already queued); ``release``: wait for that copy, then drop every reference the graph holds
+  (the consumer's input ``VariableNode._data``, the producer's ``_retained_output_data``, and
+  the array of a still-alive Variable), so the memory really goes;
+* ``swap_in``: allocate, start the copy back, and put the new array into exactly the
+  references that were dropped; ``wait``: compute waits for that copy;
+* ``recompute``: re-run the map's recompute chain (hooks/recompute.py) from maps that are on
+  the device, and put the result back the same way;
+* ``free``: drop the references; after its last use a Variable the user still holds keeps its
+  array (that memory is the user's, as in plain Chainer).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable
+
+from pooch_ext.hooks.chainer_refs import (node_array, retained_outputs, set_node_array,
+                                          set_retained_outputs, variable_array)
+from pooch_ext.hooks.device import Transfer
+from pooch_ext.hooks.graph import _TAG
+from pooch_ext.hooks.program import ExecutorError
+from pooch_ext.hooks.recompute import recompute
+
+if TYPE_CHECKING:
+    from pooch_ext.hooks.executor import Executor
+
+
+@dataclass
+class Slot:
+    """Where one feature map of the current iteration is, and which references were dropped.
+    A Variable that is alive keeps its array: whoever holds it may read it (PoocH only drops
+    the graph's own references, so the memory goes when the Variable does)."""
+
+    state: str = "device"           # device | incoming (swap-in not yet waited) | host | freed
+    transfer: Transfer | None = None
+    dropped_node: bool = False
+    dropped_retained: bool = False
+
+
+class MapActions:
+    """The maps of ``executor``'s iteration in progress (``slots``) and the actions on them."""
+
+    def __init__(self, executor: Executor) -> None:
+        self.executor = executor
+        # a map the schedule left absent that a recompute reads is restored through this
+        self.restore_absent: Callable[[int], None] = lambda tensor: None
+        self.reset()
+
+    def reset(self) -> None:
+        """A new iteration: no map is known yet."""
+        self.slots: dict[int, Slot] = {}
+        self.retained_out: dict[int, tuple[int, int]] = {}   # tensor -> (its op, position)
+        self.inputs_held: dict[int, Any] = {}    # network inputs a recompute chain reads
+
+    # ------------------------------------------------------------ references
+    def node(self, tensor: int) -> Any:
+        ref = self.executor.nodes.get(tensor)
+        return None if ref is None else ref()
+
+    def _retained_by(self, tensor: int) -> tuple[Any, int] | None:
+        """(the function node, position) of ``tensor`` among its producer's retained outputs."""
+        where = self.retained_out.get(tensor)
+        if where is None:
+            return None
+        function = self.executor.functions[where[0]]()
+        return None if function is None else (function, where[1])
+
+    def array_of(self, tensor: int) -> Any:
+        """The tensor's array if any reference still holds it, else None."""
+        node = self.node(tensor)
+        if node is not None:
+            if node_array(node) is not None:
+                return node_array(node)
+            variable = node.get_variable_or_none()
+            if variable is not None and variable_array(variable) is not None:
+                return variable_array(variable)
+        retained = self._retained_by(tensor)
+        if retained is not None:
+            data = retained_outputs(retained[0])
+            if data is not None and data[retained[1]] is not None:
+                return data[retained[1]]
+        return self.inputs_held.get(tensor)
+
+    def held_by_variable(self, tensor: int) -> Any:
+        node = self.node(tensor)
+        variable = None if node is None else node.get_variable_or_none()
+        return None if variable is None else variable_array(variable)
+
+    def graph_refers(self, tensor: int) -> bool:
+        """Whether the graph still has a node or a function that would read ``tensor``."""
+        return self.node(tensor) is not None or self._retained_by(tensor) is not None
+
+    def drop(self, tensor: int, slot: Slot) -> None:
+        node = self.node(tensor)
+        if node is not None and node_array(node) is not None:
+            set_node_array(node, None)
+            slot.dropped_node = True
+        retained = self._retained_by(tensor)
+        if retained is not None:
+            function, position = retained
+            data = retained_outputs(function)
+            if data is not None and data[position] is not None:
+                set_retained_outputs(function, data[:position] + (None,) + data[position + 1:])
+                slot.dropped_retained = True
+
+    def restore(self, tensor: int, slot: Slot, array: Any) -> None:
+        node = self.node(tensor)
+        if slot.dropped_node and node is not None:
+            set_node_array(node, array)
+        if slot.dropped_retained:
+            retained = self._retained_by(tensor)
+            if retained is not None:
+                function, position = retained
+                data = retained_outputs(function)
+                set_retained_outputs(function, data[:position] + (array,) + data[position + 1:])
+        slot.dropped_node = slot.dropped_retained = False
+        self.executor.register_array(array, tensor)
+        self.executor.device.track(array, tensor)
+
+    def slot(self, tensor: int) -> Slot:
+        slot = self.slots.get(tensor)
+        if slot is None:
+            slot = self.slots[tensor] = Slot()
+        return slot
+
+    # ------------------------------------------------------------ the actions
+    def act(self, action: str, tensor: int, final: bool) -> None:
+        if action == "swap_out":
+            self.swap_out(tensor)
+        elif action == "release":
+            self.release(tensor)
+        elif action == "swap_in":
+            self.swap_in(tensor)
+        elif action == "wait":
+            self.wait(tensor)
+        elif action == "recompute":
+            self.recompute(tensor)
+        elif action == "free":
+            self.free(tensor, final)
+        else:
+            raise ExecutorError(f"unknown action {action!r}")
+
+    def swap_out(self, tensor: int) -> None:
+        executor = self.executor
+        slot = self.slot(tensor)
+        array = self.array_of(tensor)
+        if array is None:
+            raise ExecutorError(f"swap_out of tensor {tensor}: no reference holds its array")
+        if slot.transfer is not None:
+            executor.device.discard(slot.transfer)
+        slot.transfer = executor.device.swap_out(array, executor.timed_transfers)
+        if executor.timed_transfers:
+            executor.stats.transfers.append((tensor, slot.transfer))
+        executor.stats.swap_outs += 1
+
+    def release(self, tensor: int) -> None:
+        slot = self.slot(tensor)
+        if slot.transfer is None:
+            raise ExecutorError(f"release of tensor {tensor} before its swap-out")
+        self.executor.device.finish_swap_out(slot.transfer)
+        self.drop(tensor, slot)
+        slot.state = "host"
+
+    def swap_in(self, tensor: int) -> None:
+        executor = self.executor
+        slot = self.slot(tensor)
+        if slot.transfer is None or slot.state != "host":
+            raise ExecutorError(f"swap_in of tensor {tensor}: it is not on the host")
+        held = self.held_by_variable(tensor)
+        if held is not None:          # the caller's Variable kept it: no copy needed
+            self.restore(tensor, slot, held)
+            slot.state = "device"
+            executor.stats.swap_ins += 1
+            return
+        array = executor.device.swap_in(slot.transfer, executor.timed_transfers)
+        self.restore(tensor, slot, array)
+        slot.state = "incoming"
+        executor.stats.swap_ins += 1
+
+    def wait(self, tensor: int) -> None:
+        slot = self.slot(tensor)
+        if slot.state == "incoming":
+            self.executor.device.wait_swap_in(slot.transfer)
+            slot.state = "device"
+
+    def recompute(self, tensor: int) -> None:
+        executor = self.executor
+        slot = self.slot(tensor)
+        program = executor.program
+        chain = program.chains.get(tensor) if program is not None else None
+        if not chain:
+            raise ExecutorError(f"tensor {tensor} has no recompute chain")
+        values: dict[int, Any] = {}
+        for k in chain:
+            function = executor.functions[k]() if k < len(executor.functions) else None
+            if function is None:
+                raise ExecutorError(f"recompute of tensor {tensor}: forward op {k} is gone")
+            inputs = []
+            for node in function.inputs:
+                tag = getattr(node, _TAG, None)
+                if tag is None or tag[0] is not executor._serial:      # a parameter
+                    variable = node.get_variable_or_none()
+                    array = node_array(node) if variable is None else variable_array(variable)
+                    if array is None:
+                        raise ExecutorError(f"recompute of tensor {tensor}: an input of forward "
+                                            f"op {k} that is not a tensor of this iteration is gone")
+                    inputs.append(array)
+                    continue
+                source = tag[1]
+                if source not in values:
+                    values[source] = self._present(source, tensor)
+                inputs.append(values[source])
+            outputs = recompute(function, inputs)
+            for t, array in zip(executor.trace.ops[k].outputs, outputs):
+                values[t] = array
+        self.restore(tensor, slot, values[tensor])
+        slot.state = "device"
+        executor.stats.recomputes += 1
+
+    def _present(self, source: int, target: int) -> Any:
+        """A recompute source's array; a source the schedule left absent is restored now."""
+        slot = self.slots.get(source)
+        if slot is not None and slot.state != "device":
+            self.restore_absent(source)
+        array = self.array_of(source)
+        if array is None:
+            raise ExecutorError(f"recompute of tensor {target}: source {source} is not on the device")
+        return array
+
+    def free(self, tensor: int, final: bool) -> None:
+        # the host copy (if any) stays until the iteration ends: a later backward pass over
+        # the same graph may need the map again
+        slot = self.slot(tensor)
+        self.drop(tensor, slot)
+        slot.state = "host" if final and slot.transfer is not None else "freed"
+        self.executor.stats.frees += 1
+
+    def landed(self, action: str, tensor: int) -> bool:
+        """Whether ``action`` finds the copy it may wait for already landed (nothing to wait)."""
+        slot = self.slots.get(tensor)
+        device = self.executor.device
+        if action == "release" and slot is not None and slot.transfer is not None:
+            return device.landed(slot.transfer, "out")
+        if action == "wait" and slot is not None and slot.state == "incoming":
+            return device.landed(slot.transfer, "in")
+        return True
+
+    # ------------------------------------------------------------ bookkeeping
+    def discard_copies(self) -> None:
+        """Let go of every host copy (the iteration, or its forward-only pass, is over)."""
+        for slot in self.slots.values():
+            if slot.transfer is not None:
+                self.executor.device.discard(slot.transfer)
+                slot.transfer = None
+
+    def compact(self, n_ops: int, n_tensors: int) -> None:
+        """The first ``n_ops`` ops and ``n_tensors`` tensors left the iteration (a leading
+        forward-only pass; its maps were restored): forget them, renumber the rest."""
+        for tensor in [t for t in self.slots if t < n_tensors]:
+            slot = self.slots.pop(tensor)
+            if slot.transfer is not None:
+                self.executor.device.discard(slot.transfer)
+        self.slots = {t - n_tensors: v for t, v in self.slots.items() if t >= n_tensors}
+        self.inputs_held = {t - n_tensors: v for t, v in self.inputs_held.items()
+                            if t >= n_tensors}
+        self.retained_out = {t - n_tensors: (k - n_ops, p) for t, (k, p)
+                             in self.retained_out.items() if t >= n_tensors and k >= n_ops}
