@@ -4,8 +4,8 @@ A FunctionHook (plus a LinkHook for names) that records, per iteration, every fo
 function in execution order (its activation inputs and outputs, parameter shapes, which
 inputs / outputs it retains for backward, scalar attributes such as stride and pad) and the
 order in which backward visits them. The analytic tracer turns that into a Profile with the
-cost model; the profiler and the executor subclass it to time ops and to act at op
-boundaries, so all three agree on op indices and tensor ids.
+cost model; the executor subclasses it to act at op boundaries (and the profiler, attached to
+the executor, times them), so all three agree on op indices and tensor ids.
 
 Facts of Chainer 7 this relies on (DESIGN.md):
 * ``forward_postprocess`` runs before the outputs are wrapped and before retention is
@@ -14,7 +14,8 @@ Facts of Chainer 7 this relies on (DESIGN.md):
   and are not forward ops;
 * nothing is recorded while ``enable_backprop`` is off (evaluation, recomputation);
 * Chainer has no hook for the start and end of a backward pass: the entry points are wrapped
-  while a recorder is entered (``_listen``), which also tells double backprop apart;
+  while a recorder is entered (hooks/backward_passes.py), which also tells double backprop
+  apart;
 * a VariableNode keeps only a weak reference to its Variable, so a weakref callback on the
   Variable tells when the caller's code let go of a tensor (``TensorRecord.held_until``).
 
@@ -24,14 +25,14 @@ Tensor ids are assigned in creation order (network inputs when first consumed), 
 from __future__ import annotations
 
 import weakref
-from contextlib import contextmanager
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pooch_ext  # noqa: F401  (chainer import compat)
 import chainer
 
-from pooch_ext.hooks.chainer_refs import (backprop_patch_point, retained_indexes, variable_array,
-                                          wrap_backprop)
+from pooch_ext.hooks.backward_passes import listen, unlisten
+from pooch_ext.hooks.chainer_refs import retained_indexes, variable_array
+from pooch_ext.hooks.link_names import LinkNames
 from pooch_ext.trace import HELD_TO_END, GraphTrace, OpRecord, ParamRecord, TensorRecord
 
 _TAG = "_pooch_tag"   # attribute set on VariableNodes / FunctionNodes: (recording serial, index)
@@ -47,103 +48,6 @@ def _scalar_attrs(function: Any) -> dict[str, Any]:
     return {k: v for k, v in vars(function).items()
             if not k.startswith("_") and k not in ("rank", "inputs", "outputs", "stack", "lazy_grad_sum")
             and plain(v)}
-
-
-class _LinkNames(chainer.LinkHook):
-    """Keeps the stack of link paths being called, for op labels."""
-
-    name = "PoochLinkNames"
-
-    def __init__(self, model: Any, on_new_link: Callable[[chainer.Link], None]) -> None:
-        self.model = model
-        self.on_new_link = on_new_link
-        self.paths: dict[int, str] = {}
-        self.refresh()
-        self.stack: list[str] = []
-
-    def refresh(self) -> None:
-        """Re-read the model's link paths (after a link joined it)."""
-        if self.model is not None:
-            self.paths = {id(link): path.lstrip("/") for path, link in self.model.namedlinks()}
-
-    def forward_preprocess(self, args: Any) -> None:
-        if id(args.link) not in self.paths:
-            self.on_new_link(args.link)     # before the link runs: nothing of it changed yet
-        self.stack.append(self.paths.get(id(args.link), type(args.link).__name__))
-
-    def forward_postprocess(self, args: Any) -> None:
-        if self.stack:
-            self.stack.pop()
-
-
-# ---------------------------------------------------------------------- backward passes
-# Chainer has no hook for "a backward pass begins / ends", and the end of the first pass is
-# the last moment before the optimizer's update (where a budget must be refused). While a
-# recorder is entered, the three entry points of a backward pass are wrapped (and put back
-# when the last recorder exits): Variable.backward and chainer.backward both run
-# ``_backprop._backprop_to_all``; chainer.grad runs its own loop.
-_LISTENERS: list["GraphRecorder"] = []
-_ORIGINALS: list[tuple[Any, str, Any]] = []
-
-
-@contextmanager
-def _backward_pass(nodes: list, double: bool) -> Iterator[None]:
-    listeners = list(_LISTENERS)
-    for recorder in listeners:
-        recorder._pass_begin(nodes, double)
-    failed = True
-    try:
-        yield
-        failed = False
-    finally:
-        for recorder in listeners:
-            recorder._pass_end(failed)
-
-
-def _signalled_backprop_to_all(original: Callable) -> Callable:
-    def backprop_to_all(outputs, retain_grad, loss_scale):
-        # callers set enable_backprop to their enable_double_backprop around this call
-        with _backward_pass([y for y, _ in outputs], bool(chainer.config.enable_backprop)):
-            return original(outputs, retain_grad, loss_scale)
-    return backprop_to_all
-
-
-def _signalled_grad(original: Callable) -> Callable:
-    def grad(outputs, inputs, *args, **kwargs):
-        double = kwargs.get("enable_double_backprop", args[4] if len(args) > 4 else False)
-        try:
-            nodes = [v.node for v in outputs]
-        except (AttributeError, TypeError):     # bad arguments: chainer's own error follows
-            return original(outputs, inputs, *args, **kwargs)
-        with _backward_pass(nodes, bool(double)):
-            return original(outputs, inputs, *args, **kwargs)
-    grad.__doc__ = original.__doc__
-    return grad
-
-
-def _listen(recorder: "GraphRecorder") -> None:
-    if not _LISTENERS:
-        import chainer.function_node as function_node
-
-        original_grad = function_node.grad
-        wrapped_grad = _signalled_grad(original_grad)
-        backprop, name = backprop_patch_point()
-        _ORIGINALS[:] = [(backprop, name, getattr(backprop, name)),
-                         (function_node, "grad", original_grad), (chainer, "grad", chainer.grad)]
-        wrap_backprop(_signalled_backprop_to_all)
-        function_node.grad = wrapped_grad
-        if chainer.grad is original_grad:
-            chainer.grad = wrapped_grad
-    _LISTENERS.append(recorder)
-
-
-def _unlisten(recorder: "GraphRecorder") -> None:
-    if recorder in _LISTENERS:
-        _LISTENERS.remove(recorder)
-    if not _LISTENERS:
-        for owner, name, original in _ORIGINALS:
-            setattr(owner, name, original)
-        _ORIGINALS.clear()
 
 
 def _is_static_graph(function: Any) -> bool:
@@ -190,7 +94,7 @@ class GraphRecorder(chainer.FunctionHook):
         self.nodes: dict[int, weakref.ref] = {}     # tensor id -> VariableNode (this iteration)
         self.paused = False
         self.op_sources: list[int | None] = []      # tensor ids the op being started reads
-        self._link_names = _LinkNames(model, self._new_link)
+        self._link_names = LinkNames(model, self._new_link)
         self._pending: tuple[int, Any] | None = None
         self._labels: list[str] = []
         self._in_backward: list[bool] = []          # per running backward op: of the first pass
@@ -212,14 +116,14 @@ class GraphRecorder(chainer.FunctionHook):
     def __enter__(self) -> "GraphRecorder":
         super().__enter__()
         self._link_names.__enter__()
-        _listen(self)
+        listen(self)
         return self
 
     def __exit__(self, *exc: Any) -> None:
         try:
             self.finish()
         finally:
-            _unlisten(self)
+            unlisten(self)
             self._link_names.__exit__(*exc)
             super().__exit__(*exc)
 
@@ -428,19 +332,8 @@ class GraphRecorder(chainer.FunctionHook):
             node = self.nodes.get(tid, lambda: None)()
             if node is not None:
                 setattr(node, _TAG, (dead, -1))
-        ops = trace.ops[n_ops:]
-        for op in ops:
-            op.index -= n_ops
-            op.inputs = [t - n_tensors for t in op.inputs]
-            op.outputs = [t - n_tensors for t in op.outputs]
-        tensors = trace.tensors[n_tensors:]
-        for record in tensors:
-            record.tid -= n_tensors
-            if record.producer >= 0:
-                record.producer -= n_ops
-            if record.held_until >= 0 and record.held_until != HELD_TO_END:
-                record.held_until = max(0, record.held_until - n_ops)
-        trace.ops, trace.tensors = ops, tensors
+        trace.drop_leading(n_ops, n_tensors)
+        tensors = trace.tensors
         for cell in self._node_death:
             if cell[1] >= 0:
                 cell[1] = max(0, cell[1] - n_ops)

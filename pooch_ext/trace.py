@@ -86,6 +86,23 @@ class GraphTrace:
             raise ValueError("no backward pass was recorded")
         return self.ops[self.backward_order[0]].outputs[0]
 
+    def drop_leading(self, n_ops: int, n_tensors: int) -> None:
+        """Drop the first ``n_ops`` forward ops and ``n_tensors`` tensors (a leading forward
+        pass that is no part of the iteration) and renumber the rest."""
+        ops = self.ops[n_ops:]
+        for op in ops:
+            op.index -= n_ops
+            op.inputs = [t - n_tensors for t in op.inputs]
+            op.outputs = [t - n_tensors for t in op.outputs]
+        tensors = self.tensors[n_tensors:]
+        for record in tensors:
+            record.tid -= n_tensors
+            if record.producer >= 0:
+                record.producer -= n_ops
+            if record.held_until >= 0 and record.held_until != HELD_TO_END:
+                record.held_until = max(0, record.held_until - n_ops)
+        self.ops, self.tensors = ops, tensors
+
     def to_builder(self, device: Device, link: Link, cost: Callable[["GraphTrace", OpRecord], dict],
                    meta: dict | None = None, batch_scale: Callable | None = None) -> ProfileBuilder:
         """A ProfileBuilder holding this graph; ``cost(trace, op)`` gives the builder's keyword
