@@ -9,14 +9,10 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from pooch_ext.errors import PoochError
+from pooch_ext.errors import ExecutorError
 from pooch_ext.profile import Profile
 from pooch_ext.sim.check import validate_schedule
 from pooch_ext.trace import GraphTrace
-
-
-class ExecutorError(PoochError):
-    """The schedule and the running graph disagree in a way the executor cannot repair."""
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """Exceptions users can catch; the CLI prints their message as a one-line error."""
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Any, Iterable
 
 from pooch_ext.units import format_bytes
 
@@ -58,3 +58,24 @@ class HostBudgetTooSmallError(BudgetTooSmallError):
 
 class GraphChangedError(PoochError):
     """The training graph differs from the profiled one (ops or shapes); a plan cannot apply."""
+
+
+class ExecutorError(PoochError):
+    """The schedule and the running graph disagree in a way the executor cannot repair."""
+
+
+class UnsupportedLoopError(PoochError):
+    """The training loop does something PoocH cannot run exactly (double backprop, a static
+    graph); raised before any update, with the models as they were."""
+
+
+class PolicyDoesNotFitError(BudgetTooSmallError):
+    """The chosen policy has no plan within the budget, though another policy may have one;
+    ``minimum_bytes`` is what this policy's plan needs."""
+
+    def __init__(self, budget: int, plan: Any, floor: int) -> None:
+        need = max(int(plan.peak_bytes), floor)
+        super().__init__(budget, need, plan.policy)
+        self.args = (f"policy {plan.policy} cannot fit the budget {format_bytes(budget)}: "
+                     f"{plan.reason}; its plan needs {format_bytes(need)} ({need} bytes), the "
+                     f"smallest budget any plan reaches is {format_bytes(floor)}",)

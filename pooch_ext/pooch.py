@@ -42,7 +42,8 @@ from tqdm import tqdm
 import pooch_ext  # noqa: F401  (chainer import compat)
 import chainer
 
-from pooch_ext.errors import BudgetTooSmallError, PoochError
+from pooch_ext.errors import (BudgetTooSmallError, PolicyDoesNotFitError, PoochError,
+                              UnsupportedLoopError)
 from pooch_ext.hooks.chainer_refs import check_chainer
 from pooch_ext.hooks.device import UNLIMITED, device_for
 from pooch_ext.hooks.model_state import ModelSnapshot, resident_bytes
@@ -52,6 +53,7 @@ from pooch_ext.hooks.executor import Executor
 from pooch_ext.hooks.measured_profile import build_profile, fit_link
 from pooch_ext.hooks.profiler import Profiler
 from pooch_ext.hooks.scope import Models
+from pooch_ext.hooks.update_gate import UpdateGate
 from pooch_ext.hooks.runtime_device import RuntimeDevice
 from pooch_ext.links import Link, get_link
 from pooch_ext.plan import Plan
@@ -102,6 +104,7 @@ class PoocH:
         self._trained = 0                           # training iterations seen
         self._updated = False                       # an optimizer has updated a parameter
         self._refusal: Exception | None = None      # raised before the first update
+        self._gate = UpdateGate(self._before_update)  # calls it before the first update
         self._closing = False
         self._budget_applied = False
         self.overruns: list[dict] = []              # budget overruns measured after updates
@@ -126,7 +129,7 @@ class PoocH:
         self.profiler = Profiler(self.runtime)
         self.runtime.__enter__()
         _ACTIVE.append(self)
-        self._gate_updates()
+        self._gate.install()
         self._start_profiling()
         return self
 
@@ -134,7 +137,7 @@ class PoocH:
         runtime = self.runtime
         if self in _ACTIVE:
             _ACTIVE.remove(self)
-        self._ungate_updates()
+        self._gate.remove()
         try:
             if exc_type is not None:
                 self._closing = True
@@ -185,40 +188,12 @@ class PoocH:
         """Nothing was updated yet: the first training iteration under PoocH."""
         return not self._closing and not self._updated and self._trained == 0
 
-    def _gate_updates(self) -> None:
-        """Until the first update, every optimizer first asks ``_before_update``: the one
-        moment when every backward pass of the iteration has run, Chainer's own errors
-        included, and no parameter, step count or optimizer state has changed yet. Both the
-        optimizer's 'pre' hooks (run before its step count moves) and each update rule (for
-        optimizers without them) are gated; the first to run lifts both."""
-        rule_update = chainer.optimizer.UpdateRule.update
-        call_hooks = chainer.optimizer.Optimizer.call_hooks
-        pooch = self
-
-        def update(rule: Any, param: Any) -> Any:
-            pooch._before_update()
-            return rule_update(rule, param)
-
-        def hooks(optimizer: Any, timing: str = "pre") -> Any:
-            if timing == "pre":
-                pooch._before_update()
-            return call_hooks(optimizer, timing)
-        self._originals = [(chainer.optimizer.UpdateRule, "update", rule_update),
-                           (chainer.optimizer.Optimizer, "call_hooks", call_hooks)]
-        chainer.optimizer.UpdateRule.update = update
-        chainer.optimizer.Optimizer.call_hooks = hooks
-
-    def _ungate_updates(self) -> None:
-        for owner, name, original in getattr(self, "_originals", []):
-            setattr(owner, name, original)
-        self._originals = []
-
     def _before_update(self) -> None:
         refusal, self._refusal = self._refusal, None
         self._updated = True
         if self.device.kind == "cpu":
             self.device.on_overrun = self._overrun
-        self._ungate_updates()
+        self._gate.remove()
         if refusal is not None and not self._closing:
             self._closing = True
             self.runtime.abandon()
@@ -460,6 +435,8 @@ class PoocH:
 
     def extension(self) -> Any:
         """A Trainer extension reporting pooch/* entries every iteration (for PrintReport)."""
+        from pooch_ext.trainer_report import PoocHReport
+
         return PoocHReport(self)
 
 
@@ -475,46 +452,3 @@ class _Graph:
     last_seen: int = 0
     found_at_start: bool = False         # first met at an iteration's first op
     planned: bool = False                # its profile is complete and its plan decided
-
-
-class UnsupportedLoopError(PoochError):
-    """The training loop does something PoocH cannot run exactly (double backprop, a static
-    graph); raised before any update, with the models as they were."""
-
-
-class PolicyDoesNotFitError(BudgetTooSmallError):
-    """The chosen policy has no plan within the budget, though another policy may have one;
-    ``minimum_bytes`` is what this policy's plan needs."""
-
-    def __init__(self, budget: int, plan: Plan, floor: int) -> None:
-        need = max(int(plan.peak_bytes), floor)
-        super().__init__(budget, need, plan.policy)
-        self.args = (f"policy {plan.policy} cannot fit the budget {format_bytes(budget)}: "
-                     f"{plan.reason}; its plan needs {format_bytes(need)} ({need} bytes), the "
-                     f"smallest budget any plan reaches is {format_bytes(floor)}",)
-
-
-class PoocHReport(chainer.training.Extension):
-    """Reports ``pooch/profiling`` (1 while profiling), ``pooch/peak_mib`` (accounted device
-    peak), ``pooch/compute_s`` (forward + backward seconds) and the executor's action counts."""
-
-    trigger = (1, "iteration")
-    priority = chainer.training.PRIORITY_WRITER
-    name = "PoocHReport"
-
-    def __init__(self, pooch: PoocH) -> None:
-        self.pooch = pooch
-
-    def __call__(self, trainer: Any) -> None:
-        runtime = self.pooch.runtime
-        if runtime is None or runtime.stats.iteration < 0:
-            return
-        stats = runtime.stats
-        chainer.reporter.report({
-            "pooch/profiling": float(self.pooch.phase == "profile"),
-            "pooch/peak_mib": runtime.device.peak / 2**20,
-            "pooch/compute_s": max(0.0, stats.finished - stats.started),
-            "pooch/swaps": float(stats.swap_outs),
-            "pooch/recomputes": float(stats.recomputes),
-        })
-

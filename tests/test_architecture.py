@@ -149,3 +149,16 @@ def test_the_public_api_is_importable_from_the_package():
     assert sorted(pooch_ext.__all__) == pooch_ext.__all__
     with pytest.raises(AttributeError, match="no attribute 'nothing'"):
         pooch_ext.nothing  # noqa: B018  (the lookup is what is tested)
+
+
+def test_every_error_a_user_catches_lives_in_pooch_ext_errors():
+    """One home for exceptions; the runtime's stay importable where they were raised."""
+    import inspect
+
+    from pooch_ext import errors, pooch
+
+    raised_by_pooch = {name for name, value in vars(pooch).items()
+                       if inspect.isclass(value) and issubclass(value, Exception)}
+    assert {"UnsupportedLoopError", "PolicyDoesNotFitError", "ExecutorError"} <= raised_by_pooch
+    for name in raised_by_pooch:
+        assert getattr(errors, name, None) is getattr(pooch, name), name
