@@ -20,7 +20,8 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
-from pooch_ext.hooks.graph import _TAG, GraphRecorder
+from pooch_ext.hooks.function_nodes import TAG
+from pooch_ext.hooks.graph import GraphRecorder
 from pooch_ext.hooks.map_actions import MapActions
 from pooch_ext.hooks.model_state import base_of
 from pooch_ext.hooks.ondemand import OnDemand
@@ -276,7 +277,7 @@ class Executor(GraphRecorder):
         tensors = self.trace.tensors
         maps = self.maps
         for node, array in zip(function.inputs, in_data or ()):
-            tag = getattr(node, _TAG, None)
+            tag = getattr(node, TAG, None)
             if tag is None or tag[0] is not self._serial or tensors[tag[1]].producer >= 0:
                 continue
             # a network input is the caller's (a batch the data set may keep): views of it,

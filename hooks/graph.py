@@ -32,29 +32,12 @@ import chainer
 
 from pooch_ext.hooks.backward_passes import listen, unlisten
 from pooch_ext.hooks.chainer_refs import retained_indexes, variable_array
+from pooch_ext.hooks.function_nodes import (TAG, ancestors, count_backward_ops,
+                                            is_static_graph, scalar_attrs)
 from pooch_ext.hooks.link_names import LinkNames
 from pooch_ext.trace import HELD_TO_END, GraphTrace, OpRecord, ParamRecord, TensorRecord
 
-_TAG = "_pooch_tag"   # attribute set on VariableNodes / FunctionNodes: (recording serial, index)
 TAIL = -1             # op index of a function run on the graph after its first backward pass
-
-
-def _scalar_attrs(function: Any) -> dict[str, Any]:
-    def plain(value: Any) -> bool:
-        if isinstance(value, (bool, int, float, str)) or value is None:
-            return True
-        return isinstance(value, tuple) and all(isinstance(v, (bool, int, float)) for v in value)
-
-    return {k: v for k, v in vars(function).items()
-            if not k.startswith("_") and k not in ("rank", "inputs", "outputs", "stack", "lazy_grad_sum")
-            and plain(v)}
-
-
-def _is_static_graph(function: Any) -> bool:
-    """Chainer's static subgraph optimisation (``@chainer.static_graph``): its first call
-    records a schedule while running the ops; later calls are one opaque function."""
-    return type(function).__name__ == "StaticScheduleFunction" or \
-        getattr(chainer.config, "schedule_func", None) is not None
 
 
 class GraphRecorder(chainer.FunctionHook):
@@ -180,12 +163,12 @@ class GraphRecorder(chainer.FunctionHook):
                 self._forget_forward_only()
             else:
                 self._pass_starts.append(index)
-        if _is_static_graph(function):
+        if is_static_graph(function):
             self._unsupported("@chainer.static_graph models keep their own references to every "
                               "array and replay them, out of PoocH's sight; use the model "
                               "without @static_graph under PoocH")
         index = len(self.functions)
-        setattr(function, _TAG, (self._serial, index))
+        setattr(function, TAG, (self._serial, index))
         self.functions.append(weakref.ref(function))
         self._labels.append(self._link_names.stack[-1] if self._link_names.stack else "")
         self._tensor_marks.append(len(self.trace.tensors))
@@ -194,7 +177,7 @@ class GraphRecorder(chainer.FunctionHook):
         self.on_forward_begin(index, function)
 
     def forward_postprocess(self, function: Any, in_data: tuple) -> None:
-        tag = getattr(function, _TAG, None)
+        tag = getattr(function, TAG, None)
         if not self._recording() or tag is None or tag[0] is not self._serial:
             return
         self._pending = (tag[1], function)
@@ -203,7 +186,7 @@ class GraphRecorder(chainer.FunctionHook):
         if self.paused:
             return
         self._resolve()
-        tag = getattr(function, _TAG, None)
+        tag = getattr(function, TAG, None)
         if tag is None or tag[0] is not self._serial or self.trace is None or tag[1] < 0:
             return
         k = tag[1]
@@ -218,14 +201,14 @@ class GraphRecorder(chainer.FunctionHook):
         if not self.trace.backward_order:
             self._note_gradients_at_backward()
             if not self._pass_depth:
-                self._expected_backward = self._count_backward_ops(function)
+                self._expected_backward = count_backward_ops(function, self._serial)
         self._visited.add(k)
         self.trace.backward_order.append(k)
         self._position = self._backward_index()
         self.on_backward_begin(self._backward_index(), k, function)
 
     def backward_postprocess(self, function: Any, in_data: tuple, out_grad: tuple) -> None:
-        tag = getattr(function, _TAG, None)
+        tag = getattr(function, TAG, None)
         if self.paused or tag is None or tag[0] is not self._serial or not self._in_backward \
                 or tag[1] < 0:
             return
@@ -237,26 +220,6 @@ class GraphRecorder(chainer.FunctionHook):
         if not self._pass_depth and len(self.trace.backward_order) == self._expected_backward:
             self.trace.passes += 1            # an unsignalled pass: its predicted end
             self.on_backward_complete(self.trace)
-
-    def _count_backward_ops(self, loss_creator: Any) -> int:
-        """How many recorded functions Chainer's backward will visit from ``loss_creator``, for
-        a pass begun outside the wrapped entry points (``from chainer import grad`` before
-        PoocH): it follows inputs that require grad (chainer._backprop._backprop_to_all). A
-        function returning no gradient for such an input makes Chainer visit fewer; then
-        on_backward_complete is not called for that pass."""
-        seen, frontier, count = {id(loss_creator)}, [loss_creator], 0
-        while frontier:
-            function = frontier.pop()
-            tag = getattr(function, _TAG, None)
-            grad_inputs = [node for node in function.inputs if node.requires_grad]
-            if tag is not None and tag[0] is self._serial and tag[1] >= 0 and grad_inputs:
-                count += 1
-            for node in grad_inputs:
-                creator = node.creator_node
-                if creator is not None and id(creator) not in seen:
-                    seen.add(id(creator))
-                    frontier.append(creator)
-        return count
 
     # ------------------------------------------------------------ backward passes
     def _pass_begin(self, nodes: list, double: bool) -> None:
@@ -287,29 +250,12 @@ class GraphRecorder(chainer.FunctionHook):
             self.on_unsupported(reason)
 
     # ------------------------------------------------------------ forward-only passes
-    def _ancestors(self, nodes: list) -> set[int]:
-        """Forward ops of this iteration that the tensors ``nodes`` depend on."""
-        found: set[int] = set()
-        frontier = [n.creator_node for n in nodes if n.creator_node is not None]
-        seen = {id(f) for f in frontier}
-        while frontier:
-            function = frontier.pop()
-            tag = getattr(function, _TAG, None)
-            if tag is not None and tag[0] is self._serial and tag[1] >= 0:
-                found.add(tag[1])
-            for node in function.inputs:
-                creator = node.creator_node
-                if creator is not None and id(creator) not in seen:
-                    seen.add(id(creator))
-                    frontier.append(creator)
-        return found
-
     def _drop_forward_only_passes(self, nodes: list) -> None:
         """Leading forward passes the loss does not depend on are no part of the iteration."""
-        ancestors = self._ancestors(nodes)
-        if not ancestors or not self._pass_starts:
+        ancestors_ = ancestors(nodes, self._serial)
+        if not ancestors_ or not self._pass_starts:
             return
-        first = min(ancestors)
+        first = min(ancestors_)
         starts = [p for p in self._pass_starts if p <= first]
         if not starts:
             return
@@ -327,11 +273,11 @@ class GraphRecorder(chainer.FunctionHook):
         for ref in self.functions[:n_ops]:
             function = ref()
             if function is not None:
-                setattr(function, _TAG, (dead, -1))
+                setattr(function, TAG, (dead, -1))
         for tid in range(n_tensors):
             node = self.nodes.get(tid, lambda: None)()
             if node is not None:
-                setattr(node, _TAG, (dead, -1))
+                setattr(node, TAG, (dead, -1))
         trace.drop_leading(n_ops, n_tensors)
         tensors = trace.tensors
         for cell in self._node_death:
@@ -345,11 +291,11 @@ class GraphRecorder(chainer.FunctionHook):
         for k, ref in enumerate(self.functions):
             function = ref()
             if function is not None:
-                setattr(function, _TAG, (self._serial, k))
+                setattr(function, TAG, (self._serial, k))
         for t, ref in self.nodes.items():
             node = ref()
             if node is not None:
-                setattr(node, _TAG, (self._serial, t))
+                setattr(node, TAG, (self._serial, t))
         self._arrays = {key: (ref, t - n_tensors) for key, (ref, t) in self._arrays.items()
                         if t >= n_tensors or t == TAIL}
         self._n_inputs = sum(1 for record in tensors if record.producer < 0)
@@ -417,7 +363,7 @@ class GraphRecorder(chainer.FunctionHook):
         self.on_iteration_end(trace)
 
     def _tail(self, function: Any) -> None:
-        setattr(function, _TAG, (self._serial, TAIL))
+        setattr(function, TAG, (self._serial, TAIL))
         self.trace.tail_ops += 1
 
     def _sources(self, in_data: tuple) -> list[int | None]:
@@ -473,13 +419,13 @@ class GraphRecorder(chainer.FunctionHook):
 
     def _tensor_id(self, node: Any, producer: int, output_index: int) -> int:
         """The id of ``node`` in this iteration, recording it as a new tensor when first seen."""
-        tag = getattr(node, _TAG, None)
+        tag = getattr(node, TAG, None)
         if tag is not None and tag[0] is self._serial:
             return tag[1]
         tid = len(self.trace.tensors)
         self.trace.tensors.append(TensorRecord(tid, tuple(int(s) for s in node.shape),
                                                str(node.dtype), producer, output_index))
-        setattr(node, _TAG, (self._serial, tid))
+        setattr(node, TAG, (self._serial, tid))
         self.nodes[tid] = weakref.ref(node)
         return tid
 
@@ -522,7 +468,7 @@ class GraphRecorder(chainer.FunctionHook):
                 params.append((tuple(node.shape), str(node.dtype)))
                 param_ids.append(self._param_index(variable))
                 continue
-            known = getattr(node, _TAG, None)
+            known = getattr(node, TAG, None)
             if known is None or known[0] is not self._serial:
                 tid = self._tensor_id(node, -1, self._n_inputs)
                 self._n_inputs += 1
@@ -551,7 +497,7 @@ class GraphRecorder(chainer.FunctionHook):
 
         record = OpRecord(index, type(function).__name__, self._labels[index], inputs, outputs,
                           params, retained_in, retained_out, differentiable,
-                          _scalar_attrs(function) if self.record_attrs else {}, param_ids)
+                          scalar_attrs(function) if self.record_attrs else {}, param_ids)
         self.trace.ops.append(record)
         if retained_in or retained_out:       # for a backward this pass may never run
             self._watch_node(function, record)

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from pooch_ext.hooks.chainer_refs import (node_array, retained_outputs, set_node_array,
                                           set_retained_outputs, variable_array)
 from pooch_ext.hooks.device import Transfer
-from pooch_ext.hooks.graph import _TAG
+from pooch_ext.hooks.function_nodes import TAG
 from pooch_ext.hooks.program import ExecutorError
 from pooch_ext.hooks.recompute import recompute
 
@@ -202,7 +202,7 @@ class MapActions:
                 raise ExecutorError(f"recompute of tensor {tensor}: forward op {k} is gone")
             inputs = []
             for node in function.inputs:
-                tag = getattr(node, _TAG, None)
+                tag = getattr(node, TAG, None)
                 if tag is None or tag[0] is not executor._serial:      # a parameter
                     variable = node.get_variable_or_none()
                     array = node_array(node) if variable is None else variable_array(variable)

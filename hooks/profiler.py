@@ -25,7 +25,7 @@ import pandas as pd
 from pooch_ext.functions import RECOMPUTABLE
 from pooch_ext.hooks.allocator import AllocationLog, cupy_memory_hook, scratch_bytes
 from pooch_ext.hooks.executor import Executor
-from pooch_ext.hooks.graph import _TAG
+from pooch_ext.hooks.function_nodes import TAG
 from pooch_ext.hooks.measured_profile import IterationSample
 from pooch_ext.hooks.model_state import base_of, is_array, model_arrays
 from pooch_ext.hooks.recompute import RecomputeError, recompute
@@ -154,7 +154,7 @@ class Profiler:
 
     def forward_function_done(self, function: Any) -> None:
         """Chainer's postprocess of a forward function: only the timed op's closes its window."""
-        if self._timing is not None and getattr(function, _TAG, None) == (
+        if self._timing is not None and getattr(function, TAG, None) == (
                 self.executor._serial, self._timing[0]):
             self._stop()
 

@@ -1,0 +1,71 @@
+"""What Chainer's function nodes tell, read without changing them: the tag a recorder puts
+on the nodes of its iteration, the forward ops a set of tensors depends on, how many ops a
+backward pass from a loss will visit, a function's scalar attributes, and whether it is a
+static subgraph PoocH cannot see into."""
+from __future__ import annotations
+
+from typing import Any
+
+import pooch_ext  # noqa: F401  (chainer import compat)
+import chainer
+
+TAG = "_pooch_tag"   # attribute set on VariableNodes / FunctionNodes: (recording serial, index)
+
+
+def scalar_attrs(function: Any) -> dict[str, Any]:
+    """The function's public plain attributes (stride, pad, axis, ...): what the cost model
+    and the shape rules read (``OpRecord.attrs``)."""
+    def plain(value: Any) -> bool:
+        if isinstance(value, (bool, int, float, str)) or value is None:
+            return True
+        return isinstance(value, tuple) and all(isinstance(v, (bool, int, float)) for v in value)
+
+    return {k: v for k, v in vars(function).items()
+            if not k.startswith("_") and k not in ("rank", "inputs", "outputs", "stack", "lazy_grad_sum")
+            and plain(v)}
+
+
+def is_static_graph(function: Any) -> bool:
+    """Chainer's static subgraph optimisation (``@chainer.static_graph``): its first call
+    records a schedule while running the ops; later calls are one opaque function."""
+    return type(function).__name__ == "StaticScheduleFunction" or \
+        getattr(chainer.config, "schedule_func", None) is not None
+
+
+def count_backward_ops(loss_creator: Any, serial: object) -> int:
+    """How many recorded functions Chainer's backward will visit from ``loss_creator``, for
+    a pass begun outside the wrapped entry points (``from chainer import grad`` before
+    PoocH): it follows inputs that require grad (chainer._backprop._backprop_to_all). A
+    function returning no gradient for such an input makes Chainer visit fewer; then
+    on_backward_complete is not called for that pass."""
+    seen, frontier, count = {id(loss_creator)}, [loss_creator], 0
+    while frontier:
+        function = frontier.pop()
+        tag = getattr(function, TAG, None)
+        grad_inputs = [node for node in function.inputs if node.requires_grad]
+        if tag is not None and tag[0] is serial and tag[1] >= 0 and grad_inputs:
+            count += 1
+        for node in grad_inputs:
+            creator = node.creator_node
+            if creator is not None and id(creator) not in seen:
+                seen.add(id(creator))
+                frontier.append(creator)
+    return count
+
+
+def ancestors(nodes: list, serial: object) -> set[int]:
+    """Forward ops of the recording ``serial`` that the tensors ``nodes`` depend on."""
+    found: set[int] = set()
+    frontier = [n.creator_node for n in nodes if n.creator_node is not None]
+    seen = {id(f) for f in frontier}
+    while frontier:
+        function = frontier.pop()
+        tag = getattr(function, TAG, None)
+        if tag is not None and tag[0] is serial and tag[1] >= 0:
+            found.add(tag[1])
+        for node in function.inputs:
+            creator = node.creator_node
+            if creator is not None and id(creator) not in seen:
+                seen.add(id(creator))
+                frontier.append(creator)
+    return found
