@@ -34,8 +34,9 @@ from pooch_ext.hooks.backward_passes import listen, unlisten
 from pooch_ext.hooks.chainer_refs import retained_indexes, variable_array
 from pooch_ext.hooks.function_nodes import (TAG, ancestors, count_backward_ops,
                                             is_static_graph, scalar_attrs)
+from pooch_ext.hooks.holding import HoldingWatch
 from pooch_ext.hooks.link_names import LinkNames
-from pooch_ext.trace import HELD_TO_END, GraphTrace, OpRecord, ParamRecord, TensorRecord
+from pooch_ext.trace import GraphTrace, OpRecord, ParamRecord, TensorRecord
 
 TAIL = -1             # op index of a function run on the graph after its first backward pass
 
@@ -91,8 +92,7 @@ class GraphRecorder(chainer.FunctionHook):
         self._pass_visited = False
         self._visited: set[int] = set()
         self._position = -1                         # the op running or last started
-        self._watch: list[weakref.ref] = []         # weakrefs whose callbacks measure holding
-        self._node_death: list[list] = []           # [OpRecord, op at which its node died or -2]
+        self._holding = HoldingWatch(lambda: self._position)   # who still holds a tensor
         self._params: dict[int, tuple[int, weakref.ref]] = {}   # id(Parameter) -> (index, ref)
 
     # ------------------------------------------------------------ context
@@ -280,9 +280,7 @@ class GraphRecorder(chainer.FunctionHook):
                 setattr(node, TAG, (dead, -1))
         trace.drop_leading(n_ops, n_tensors)
         tensors = trace.tensors
-        for cell in self._node_death:
-            if cell[1] >= 0:
-                cell[1] = max(0, cell[1] - n_ops)
+        self._holding.compact(n_ops)
         self.functions = self.functions[n_ops:]
         self._labels = self._labels[n_ops:]
         self._tensor_marks = [m - n_tensors for m in self._tensor_marks[n_ops:]]
@@ -327,8 +325,7 @@ class GraphRecorder(chainer.FunctionHook):
         self._pass_starts = []
         self._visited = set()
         self._position = -1
-        self._watch = []
-        self._node_death = []
+        self._holding.reset()
         self._params = {}
         self.on_iteration_start()
 
@@ -338,26 +335,7 @@ class GraphRecorder(chainer.FunctionHook):
             self.on_forward_only(trace)         # no backward came: not an iteration
             self.iteration -= 1
             return
-        for record in trace.tensors:      # still held by something as the iteration ends
-            if record.held_until == -2:
-                record.held_until = HELD_TO_END
-        visited = set(trace.backward_order)
-        death = {id(op): at for op, at in self._node_death}
-        for k, op in enumerate(trace.ops):
-            kept = [op.inputs[p] for p in op.retain_inputs] + \
-                [op.outputs[p] for p in op.retain_outputs]
-            if k in trace.revisited:          # later passes read what these ops keep
-                until = HELD_TO_END
-            elif k not in visited and id(op) in death:    # kept for a backward that never
-                at = death[id(op)]                        # ran, while the node lived
-                until = HELD_TO_END if at == -2 else at
-            else:
-                continue
-            for t in kept:
-                record = trace.tensors[t]
-                if record.producer >= 0 and record.held_until != HELD_TO_END:
-                    record.held_until = max(record.held_until, until)
-        self._watch = []
+        self._holding.settle(trace)
         self.traces.append(trace)
         del self.traces[:-self.keep_traces]
         self.on_iteration_end(trace)
@@ -385,37 +363,6 @@ class GraphRecorder(chainer.FunctionHook):
         except TypeError:
             return
         self._arrays[id(array)] = (ref, tid)
-
-    def _watch_holder(self, holder: Any, records: list[TensorRecord]) -> None:
-        """Until ``holder`` dies, mark ``records`` as held (-2: still held); its death records
-        the op at which it let go (records, not ids: a compaction renumbers them)."""
-        if not records:
-            return
-        serial = self._serial
-        for record in records:
-            if record.held_until != HELD_TO_END:
-                record.held_until = -2
-
-        def released(_ref: Any) -> None:
-            if self._serial is serial:
-                for record in records:
-                    if record.held_until == -2:
-                        record.held_until = max(self._position, 0)
-        try:
-            self._watch.append(weakref.ref(holder, released))
-        except TypeError:
-            pass
-
-    def _watch_node(self, function: Any, op: OpRecord) -> None:
-        """Note when ``op``'s function node dies: until then it holds what it retains (what
-        matters for an op whose backward the first pass does not run)."""
-        serial, cell = self._serial, [op, -2]
-        self._node_death.append(cell)
-
-        def released(_ref: Any) -> None:
-            if self._serial is serial:
-                cell[1] = max(self._position, 0)
-        self._watch.append(weakref.ref(function, released))
 
     def _tensor_id(self, node: Any, producer: int, output_index: int) -> int:
         """The id of ``node`` in this iteration, recording it as a new tensor when first seen."""
@@ -489,7 +436,7 @@ class GraphRecorder(chainer.FunctionHook):
                 variable = node.get_variable_or_none()
                 if variable is not None:
                     self.register_array(variable_array(variable), tid)
-                    self._watch_holder(variable, [self.trace.tensors[tid]])
+                    self._holding.holder(variable, [self.trace.tensors[tid]])
             outputs.append(tid)
         retain_inputs, retain_outputs = retained_indexes(function)
         retained_in = [positions[i] for i in retain_inputs if i in positions]
@@ -500,5 +447,5 @@ class GraphRecorder(chainer.FunctionHook):
                           scalar_attrs(function) if self.record_attrs else {}, param_ids)
         self.trace.ops.append(record)
         if retained_in or retained_out:       # for a backward this pass may never run
-            self._watch_node(function, record)
+            self._holding.node(function, record)
         self.on_forward_resolved(index, function)
