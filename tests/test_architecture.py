@@ -1,6 +1,7 @@
 """Rules of the layout that a change can break without any behaviour test noticing: no import
-cycles, and a planning core (profiles, simulator, policies, plans) that never imports chainer,
-so it runs, and is tested, where chainer cannot be installed."""
+cycles, a planning core (profiles, simulator, policies, plans) that never imports chainer, so
+it runs, and is tested, where chainer cannot be installed, one home for errors, and modules
+and functions short enough to read."""
 from __future__ import annotations
 
 import ast
@@ -162,3 +163,29 @@ def test_every_error_a_user_catches_lives_in_pooch_ext_errors():
     assert {"UnsupportedLoopError", "PolicyDoesNotFitError", "ExecutorError"} <= raised_by_pooch
     for name in raised_by_pooch:
         assert getattr(errors, name, None) is getattr(pooch, name), name
+
+
+MODULE_LINES = 460     # "no module over about 400 lines"
+FUNCTION_LINES = 65    # "no function over about 60 lines without a reason in a comment"
+
+
+def test_no_module_is_much_over_400_lines():
+    long = {str(path.relative_to(ROOT)): n for path in _modules().values()
+            if (n := len(path.read_text().splitlines())) > MODULE_LINES}
+    assert long == {}
+
+
+def test_a_function_over_60_lines_says_why_in_a_comment():
+    """A long function starts (after its docstring) with a comment saying it is long on
+    purpose and why."""
+    unexplained = []
+    for path in _modules().values():
+        source = path.read_text()
+        lines = source.splitlines()
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and \
+                    node.end_lineno - node.lineno + 1 > FUNCTION_LINES:
+                head = "\n".join(lines[node.lineno - 1:node.body[0].end_lineno + 3])
+                if "Long on purpose" not in head:
+                    unexplained.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}")
+    assert unexplained == []
