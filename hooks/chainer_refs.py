@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 import importlib
-from types import ModuleType
+from types import MethodType, ModuleType
 from typing import Any, Callable
 
 import pooch_ext  # noqa: F401  (chainer import compat)
@@ -40,6 +40,15 @@ PRIVATE_NAMES: tuple[tuple[str, str | None, str], ...] = (
      "GeneralBatchNormalizationImpl"),
     ("chainer.functions.normalization.batch_normalization", None, "_apply_bn_fwd"),
     ("chainer._backprop", None, "_backprop_to_all"),
+    # the im2col / GEMM cores of a convolution and of its backward's two functions
+    ("chainer.functions.connection.convolution_2d", "Convolution2DFunction", "_forward_cpu_core"),
+    ("chainer.functions.connection.convolution_2d", "Convolution2DFunction", "_forward_gpu_core"),
+    ("chainer.functions.connection.convolution_2d", "Convolution2DGradW", "_forward_cpu_core"),
+    ("chainer.functions.connection.convolution_2d", "Convolution2DGradW", "_forward_gpu_core"),
+    ("chainer.functions.connection.deconvolution_2d", "Deconvolution2DFunction",
+     "_forward_cpu_core"),
+    ("chainer.functions.connection.deconvolution_2d", "Deconvolution2DFunction",
+     "_forward_gpu_core"),
     ("chainer", None, "_get_link_hooks"),
 )
 
@@ -212,3 +221,20 @@ def wrap_backprop(wrap: Callable[[Callable], Callable]) -> Callable:
     original = getattr(owner, name)
     setattr(owner, name, wrap(original))
     return original
+
+
+def set_compute_core(function: Any, core: Callable) -> None:
+    """Replace, on this one function node, the core its ``forward_cpu`` / ``forward_gpu``
+    call after their checks (``_forward_cpu_core`` / ``_forward_gpu_core``: im2col + GEMM for
+    a convolution, GEMM + col2im for a deconvolution): hooks/split_conv.py runs it in pieces.
+    ``core(function, *arrays)`` gets the node as its first argument."""
+    bound = MethodType(core, function)
+    function._forward_cpu_core = bound
+    function._forward_gpu_core = bound
+
+
+def original_compute_core(function: Any, xp: ModuleType) -> Callable:
+    """The class's own core of ``function`` for arrays of ``xp`` (NumPy or CuPy), bound to
+    it: what runs where a split is not exact."""
+    name = "_forward_cpu_core" if xp.__name__ == "numpy" else "_forward_gpu_core"
+    return MethodType(getattr(type(function), name), function)

@@ -1,0 +1,267 @@
+"""Split convolutions (issue 14): Chainer's im2col convolution run in pieces, so that its
+column buffer (kh*kw times the input: a transient no keep/swap/recompute plan can touch)
+shrinks by the number of pieces, with results bit-identical to Chainer's own.
+
+Chainer 7 without cuDNN runs ``Convolution2DFunction`` as im2col + one GEMM, its input
+gradient as ``Deconvolution2DFunction`` (GEMM + col2im) and its weight gradient as
+``Convolution2DGradW`` (im2col + GEMM). The splits that keep every output element's
+reduction whole: the forward and the input gradient over the batch, the weight gradient over
+input channels (over the batch its reduction would be cut in two).
+
+Whole reductions are not enough for equal bits, though: the BLAS picks its kernel by the
+matrix sizes, and a piece's GEMM has other sizes. Measured here (OpenBLAS 0.3.31, Haswell
+kernels, 1 thread): the input gradient was bit-identical in every case tried, the forward
+and the weight gradient differed in some (by about 1e-6 relative). So a split is used only
+where it was found bit-identical on probes with the very shapes, strides and dtypes of the
+call's arrays, on this device, with this BLAS (the kernel choice depends on those, and the
+layout of an incoming gradient matters too); elsewhere that part runs whole.
+
+``split(function, ConvSplit(...))`` installs the pieces on one function node about to run,
+per instance (Chainer's classes and every other convolution are untouched); outputs keep
+Chainer's memory layout, so what reads them (reductions included) computes the same. The
+CuPy path uses the same code with CuPy's im2col/col2im and is unverified until a GPU runs it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import MethodType
+from typing import Any
+
+import numpy
+
+import pooch_ext  # noqa: F401  (chainer import compat)
+import chainer
+from chainer import backend
+from chainer.functions.connection.convolution_2d import (Convolution2DFunction,
+                                                         Convolution2DGradW)
+from chainer.functions.connection.deconvolution_2d import Deconvolution2DFunction
+from chainer.utils import conv
+
+from pooch_ext.hooks.chainer_refs import original_compute_core, set_compute_core
+
+
+@dataclass(frozen=True)
+class ConvSplit:
+    """How one convolution runs: its forward and its input gradient in pieces over the batch,
+    its weight gradient in pieces over input channels (1: whole, as Chainer runs it)."""
+
+    forward: int = 1
+    input_grad: int = 1
+    weight_grad: int = 1
+
+    def __post_init__(self) -> None:
+        if min(self.forward, self.input_grad, self.weight_grad) < 1:
+            raise ValueError(f"a split needs at least one piece, got {self}")
+
+    @property
+    def whole(self) -> bool:
+        return self.forward == self.input_grad == self.weight_grad == 1
+
+
+def piece_bounds(n: int, pieces: int) -> list[tuple[int, int]]:
+    """``n`` items in ``pieces`` contiguous pieces as even as possible (never an empty one)."""
+    pieces = max(1, min(int(pieces), n))
+    edges = [n * k // pieces for k in range(pieces + 1)]
+    return list(zip(edges[:-1], edges[1:]))
+
+
+def not_splittable(function: Any) -> str:
+    """Why ``function`` cannot run split; "" when it can."""
+    if type(function) is not Convolution2DFunction:
+        return f"{type(function).__name__} is not a Convolution2DFunction"
+    if function.groups != 1:
+        return "grouped convolutions run their own loop"
+    if getattr(function, "cudnn_fast", False):
+        return "cudnn_fast convolutions use cuDNN's own layout"
+    return ""
+
+
+def split(function: Any, config: ConvSplit, checked: bool = True) -> None:
+    """Run ``function`` (a Convolution2DFunction not yet applied) and its backward in the
+    pieces of ``config``, each part only where it is bit-identical (``checked=False``: always,
+    for measurements of rounding). Raises ValueError where ``not_splittable`` says no."""
+    reason = not_splittable(function)
+    if reason:
+        raise ValueError(f"cannot split: {reason}")
+    function._pooch_split = (config, checked)
+    if config.forward > 1:
+        set_compute_core(function, _forward)
+    if config.input_grad > 1 or config.weight_grad > 1:
+        function.backward = MethodType(_backward, function)
+
+
+def _forward(self: Any, x: Any, W: Any, b: Any) -> tuple:
+    config, checked = self._pooch_split
+    return _run_part(self, _forward_pieces, (x, W, b), config.forward, checked)
+
+
+def _input_gradient(self: Any, x: Any, W: Any, b: Any) -> tuple:
+    config, checked = self._pooch_split
+    return _run_part(self, _input_gradient_pieces, (x, W, b), config.input_grad, checked)
+
+
+def _weight_gradient(self: Any, x: Any, gy: Any) -> tuple:
+    config, checked = self._pooch_split
+    return _run_part(self, _weight_gradient_pieces, (x, gy), config.weight_grad, checked)
+
+
+def _backward(self: Any, indexes: tuple, grad_outputs: tuple) -> list:
+    """Convolution2DFunction.backward whose input- and weight-gradient nodes run split."""
+    x, W = self.get_retained_inputs()
+    gy, = grad_outputs
+    config, _ = self._pooch_split
+    ret = []
+    if 0 in indexes:
+        _, _, xh, xw = x.shape
+        deconv = Deconvolution2DFunction(stride=(self.sy, self.sx), pad=(self.ph, self.pw),
+                                         outsize=(xh, xw), dilate=(self.dy, self.dx),
+                                         groups=self.groups)
+        deconv._pooch_split = self._pooch_split
+        if config.input_grad > 1:
+            set_compute_core(deconv, _input_gradient)
+        gx, = deconv.apply((gy, W))
+        ret.append(gx)
+    if 1 in indexes:
+        grad_w = Convolution2DGradW(self, W.shape, W.dtype, W.layout)
+        grad_w._pooch_split = self._pooch_split
+        if config.weight_grad > 1:
+            set_compute_core(grad_w, _weight_gradient)
+        gW, = grad_w.apply((x, gy))
+        ret.append(gW)
+    if 2 in indexes:
+        ret.append(chainer.functions.sum(gy, axis=(0, 2, 3)))
+    return ret
+
+
+# ------------------------------------------------------------------ the cores, in pieces
+def _im2col(xp: Any) -> Any:
+    return conv.im2col_cpu if xp is numpy else conv.im2col_gpu
+
+
+def _forward_pieces(self: Any, x: Any, W: Any, b: Any, pieces: int) -> tuple:
+    """Convolution2DFunction's im2col core, a piece of the batch at a time."""
+    xp = backend.get_array_module(x)
+    kh, kw = W.shape[2:]
+    y = None
+    for i0, i1 in piece_bounds(x.shape[0], pieces):
+        col = _im2col(xp)(x[i0:i1], kh, kw, self.sy, self.sx, self.ph, self.pw,
+                          cover_all=self.cover_all, dy=self.dy, dx=self.dx)
+        part = xp.tensordot(col, W, ((1, 2, 3), (1, 2, 3))).astype(x.dtype, copy=False)
+        del col
+        if y is None:
+            y = xp.empty((x.shape[0],) + part.shape[1:], dtype=part.dtype)
+        y[i0:i1] = part
+    if b is not None:
+        y += b
+    return xp.rollaxis(y, 3, 1),
+
+
+def _input_gradient_pieces(self: Any, x: Any, W: Any, b: Any, pieces: int) -> tuple:
+    """Deconvolution2DFunction's core (GEMM + col2im), a piece of the batch at a time, into
+    the array Chainer's col2im makes (NumPy: a view into a padded image)."""
+    xp = backend.get_array_module(x)
+    n, c = x.shape[0], W.shape[1]
+    h, w = self.outh, self.outw
+    if xp is numpy:
+        padded = numpy.zeros((n, c, h + 2 * self.ph + self.sy - 1, w + 2 * self.pw + self.sx - 1),
+                             dtype=x.dtype)
+        y = padded[:, :, self.ph:h + self.ph, self.pw:w + self.pw]
+    else:
+        y = xp.empty((n, c, h, w), dtype=x.dtype)
+    col2im = conv.col2im_cpu if xp is numpy else conv.col2im_gpu
+    for i0, i1 in piece_bounds(n, pieces):
+        gcol = xp.tensordot(W, x[i0:i1], (0, 1)).astype(x.dtype, copy=False)
+        gcol = xp.rollaxis(gcol, 3)
+        y[i0:i1] = col2im(gcol, self.sy, self.sx, self.ph, self.pw, h, w,
+                          dy=self.dy, dx=self.dx)
+        del gcol
+    if b is not None:
+        y += b.reshape((1, b.size, 1, 1))
+    return y,
+
+
+def _weight_gradient_pieces(self: Any, x: Any, gy: Any, pieces: int) -> tuple:
+    """Convolution2DGradW's core (im2col + GEMM), a slice of input channels at a time."""
+    xp = backend.get_array_module(x)
+    if not (gy.flags.c_contiguous or gy.flags.f_contiguous) and 1 in gy.shape:
+        gy = xp.ascontiguousarray(gy)      # as Chainer does (NumPy's tensordot needs it)
+    gW = None
+    for c0, c1 in piece_bounds(x.shape[1], pieces):
+        col = _im2col(xp)(x[:, c0:c1], self.kh, self.kw, self.sy, self.sx, self.ph, self.pw,
+                          cover_all=self.cover_all, dy=self.dy, dx=self.dx)
+        part = xp.tensordot(gy, col, ((0, 2, 3), (0, 4, 5))).astype(self.W_dtype, copy=False)
+        del col
+        if gW is None:
+            gW = xp.empty((part.shape[0], x.shape[1]) + part.shape[2:], dtype=part.dtype)
+        gW[:, c0:c1] = part
+    return gW,
+
+
+# ------------------------------------------------------------------ which splits are exact
+TRIALS = 3      # random probes a split must match bit for bit on
+_EXACT: dict[tuple, bool] = {}
+_ATTRS = ("sy", "sx", "ph", "pw", "dy", "dx", "cover_all", "outh", "outw", "kh", "kw", "W_dtype")
+
+
+def _run_part(self: Any, pieces_core: Any, args: tuple, pieces: int, checked: bool) -> tuple:
+    """The part in ``pieces`` where that is exact for these arrays (or not ``checked``),
+    else whole, as Chainer runs it."""
+    whole_core = original_compute_core(self, backend.get_array_module(args[0]))
+    if pieces > 1 and (not checked or _exact(self, pieces_core, whole_core, args, pieces)):
+        return pieces_core(self, *args, pieces)
+    return whole_core(*args)
+
+
+def _layout(a: Any) -> tuple | None:
+    return None if a is None else (a.shape, a.strides, a.dtype.str)
+
+
+def _probe_like(a: Any, seed: int) -> Any:
+    """An array with ``a``'s shape, strides and dtype (gaps included) whose values span
+    2**-8 .. 2**8 in magnitude: any change in the order of a reduction changes the rounding
+    of some output element (with values of one scale it may not)."""
+    if a is None:
+        return None
+    xp = backend.get_array_module(a)
+    itemsize = a.dtype.itemsize
+    if any(stride < 0 or stride % itemsize for stride in a.strides):
+        raise ValueError("no probe for negative or unaligned strides")
+    span = 1 + sum((dim - 1) * stride // itemsize for dim, stride in zip(a.shape, a.strides))
+    rng = numpy.random.RandomState(seed)
+    values = (rng.standard_normal(span) * 2.0 ** rng.randint(-8, 9, span)).astype(a.dtype)
+    return xp.lib.stride_tricks.as_strided(xp.asarray(values), a.shape, a.strides)
+
+
+def _exact(self: Any, pieces_core: Any, whole_core: Any, args: tuple, pieces: int) -> bool:
+    """Whether ``pieces_core`` gives ``whole_core``'s bits and layout on ``TRIALS`` probes
+    laid out as ``args``; remembered per layouts and attributes."""
+    key = (pieces_core.__name__, pieces, tuple(getattr(self, a, None) for a in _ATTRS),
+           tuple(_layout(a) for a in args))
+    if key not in _EXACT:
+        try:
+            same = True
+            for trial in range(TRIALS):
+                probes = [_probe_like(a, 7 * trial + k) for k, a in enumerate(args)]
+                mine, = pieces_core(self, *probes, pieces)
+                theirs, = whole_core(*probes)
+                same = same and mine.strides == theirs.strides and bool((mine == theirs).all())
+        except ValueError:
+            same = False
+        _EXACT[key] = same
+    return _EXACT[key]
+
+
+class SplitConvolutions(chainer.FunctionHook):
+    """Split every splittable convolution applied while entered by ``config`` (each part only
+    where exact; ``checked=False``: every part): for tests and measurements; PoocH's executor
+    will choose per op from the plan."""
+
+    name = "PoochSplitConvolutions"
+
+    def __init__(self, config: ConvSplit, checked: bool = True) -> None:
+        self.config = config
+        self.checked = checked
+
+    def forward_preprocess(self, function: Any, in_data: tuple) -> None:
+        if not not_splittable(function) and not hasattr(function, "_pooch_split"):
+            split(function, self.config, self.checked)
