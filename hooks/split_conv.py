@@ -53,10 +53,6 @@ class ConvSplit:
         if min(self.forward, self.input_grad, self.weight_grad) < 1:
             raise ValueError(f"a split needs at least one piece, got {self}")
 
-    @property
-    def whole(self) -> bool:
-        return self.forward == self.input_grad == self.weight_grad == 1
-
 
 def piece_bounds(n: int, pieces: int) -> list[tuple[int, int]]:
     """``n`` items in ``pieces`` contiguous pieces as even as possible (never an empty one)."""
@@ -105,6 +101,15 @@ def _weight_gradient(self: Any, x: Any, gy: Any) -> tuple:
     return _run_part(self, _weight_gradient_pieces, (x, gy), config.weight_grad, checked)
 
 
+def _split_node(self: Any, node: Any, core: Any, pieces: int) -> Any:
+    """``node`` (a function of ``self``'s backward) running ``core`` in ``pieces`` (if more
+    than one), with ``self``'s split and check."""
+    node._pooch_split = self._pooch_split
+    if pieces > 1:
+        set_compute_core(node, core)
+    return node
+
+
 def _backward(self: Any, indexes: tuple, grad_outputs: tuple) -> list:
     """Convolution2DFunction.backward whose input- and weight-gradient nodes run split."""
     x, W = self.get_retained_inputs()
@@ -116,17 +121,11 @@ def _backward(self: Any, indexes: tuple, grad_outputs: tuple) -> list:
         deconv = Deconvolution2DFunction(stride=(self.sy, self.sx), pad=(self.ph, self.pw),
                                          outsize=(xh, xw), dilate=(self.dy, self.dx),
                                          groups=self.groups)
-        deconv._pooch_split = self._pooch_split
-        if config.input_grad > 1:
-            set_compute_core(deconv, _input_gradient)
-        gx, = deconv.apply((gy, W))
+        gx, = _split_node(self, deconv, _input_gradient, config.input_grad).apply((gy, W))
         ret.append(gx)
     if 1 in indexes:
         grad_w = Convolution2DGradW(self, W.shape, W.dtype, W.layout)
-        grad_w._pooch_split = self._pooch_split
-        if config.weight_grad > 1:
-            set_compute_core(grad_w, _weight_gradient)
-        gW, = grad_w.apply((x, gy))
+        gW, = _split_node(self, grad_w, _weight_gradient, config.weight_grad).apply((x, gy))
         ret.append(gW)
     if 2 in indexes:
         ret.append(chainer.functions.sum(gy, axis=(0, 2, 3)))
@@ -238,17 +237,20 @@ def _exact(self: Any, pieces_core: Any, whole_core: Any, args: tuple, pieces: in
     key = (pieces_core.__name__, pieces, tuple(getattr(self, a, None) for a in _ATTRS),
            tuple(_layout(a) for a in args))
     if key not in _EXACT:
-        try:
-            same = True
-            for trial in range(TRIALS):
-                probes = [_probe_like(a, 7 * trial + k) for k, a in enumerate(args)]
-                mine, = pieces_core(self, *probes, pieces)
-                theirs, = whole_core(*probes)
-                same = same and mine.strides == theirs.strides and bool((mine == theirs).all())
-        except ValueError:
-            same = False
-        _EXACT[key] = same
+        _EXACT[key] = all(_same_on_probes(self, pieces_core, whole_core, args, pieces, trial)
+                          for trial in range(TRIALS))     # stops at the first difference
     return _EXACT[key]
+
+
+def _same_on_probes(self: Any, pieces_core: Any, whole_core: Any, args: tuple, pieces: int,
+                    trial: int) -> bool:
+    try:
+        probes = [_probe_like(a, 7 * trial + k) for k, a in enumerate(args)]
+    except ValueError:          # a layout no probe can copy: never split
+        return False
+    mine, = pieces_core(self, *probes, pieces)
+    theirs, = whole_core(*probes)
+    return mine.strides == theirs.strides and bool((mine == theirs).all())
 
 
 class SplitConvolutions(chainer.FunctionHook):
