@@ -77,7 +77,6 @@ class Executor(GraphRecorder):
         self.passive = False        # this iteration runs as plain Chainer: nothing is dropped
         self._enforce_after = False  # the device's budget is off for this iteration only
         self._in_data: tuple = ()
-        self.timed_transfers = False
         self.profiler: Profiler | None = None     # attached while profiling (its attach())
         self.history: list[IterationStats] = []
         self.stats = IterationStats(-1)
@@ -101,6 +100,11 @@ class Executor(GraphRecorder):
         """Forget the iteration in progress (after an error): nothing more is run for it."""
         self.trace = None
         self._pending = None
+
+    @property
+    def timed_transfers(self) -> bool:
+        """Copies are timed while a profiler is attached (it reads their times)."""
+        return self.profiler is not None
 
     @property
     def mode(self) -> str:

@@ -81,7 +81,6 @@ class Profiler:
         if executor.profiler is not None:
             raise RuntimeError("the executor already has a profiler attached")
         executor.profiler = self
-        executor.timed_transfers = True
         self.log.enabled = True
         self._new_iteration()
         if executor.model is not None:
@@ -98,7 +97,6 @@ class Profiler:
         if executor.profiler is not self:
             return
         executor.profiler = None
-        executor.timed_transfers = False
         self.last_sample = None
         self.log.enabled = False
         self.log.clear()
