@@ -23,6 +23,12 @@ from pooch_ext.errors import PoochError
 
 TESTED_CHAINER = "7.8.1"
 
+# a function's array core after forward_cpu / forward_gpu's checks: for NumPy, for CuPy
+_COMPUTE_CORES = ("_forward_cpu_core", "_forward_gpu_core")
+_SPLIT_FUNCTIONS = (("chainer.functions.connection.convolution_2d", "Convolution2DFunction"),
+                    ("chainer.functions.connection.convolution_2d", "Convolution2DGradW"),
+                    ("chainer.functions.connection.deconvolution_2d", "Deconvolution2DFunction"))
+
 # (module, class or None, private name): everything the accessors below use
 PRIVATE_NAMES: tuple[tuple[str, str | None, str], ...] = (
     ("chainer.variable", "VariableNode", "_data"),
@@ -41,14 +47,7 @@ PRIVATE_NAMES: tuple[tuple[str, str | None, str], ...] = (
     ("chainer.functions.normalization.batch_normalization", None, "_apply_bn_fwd"),
     ("chainer._backprop", None, "_backprop_to_all"),
     # the im2col / GEMM cores of a convolution and of its backward's two functions
-    ("chainer.functions.connection.convolution_2d", "Convolution2DFunction", "_forward_cpu_core"),
-    ("chainer.functions.connection.convolution_2d", "Convolution2DFunction", "_forward_gpu_core"),
-    ("chainer.functions.connection.convolution_2d", "Convolution2DGradW", "_forward_cpu_core"),
-    ("chainer.functions.connection.convolution_2d", "Convolution2DGradW", "_forward_gpu_core"),
-    ("chainer.functions.connection.deconvolution_2d", "Deconvolution2DFunction",
-     "_forward_cpu_core"),
-    ("chainer.functions.connection.deconvolution_2d", "Deconvolution2DFunction",
-     "_forward_gpu_core"),
+    *((module, cls, core) for module, cls in _SPLIT_FUNCTIONS for core in _COMPUTE_CORES),
     ("chainer", None, "_get_link_hooks"),
 )
 
@@ -229,12 +228,12 @@ def set_compute_core(function: Any, core: Callable) -> None:
     a convolution, GEMM + col2im for a deconvolution): hooks/split_conv.py runs it in pieces.
     ``core(function, *arrays)`` gets the node as its first argument."""
     bound = MethodType(core, function)
-    function._forward_cpu_core = bound
-    function._forward_gpu_core = bound
+    for name in _COMPUTE_CORES:
+        setattr(function, name, bound)
 
 
 def original_compute_core(function: Any, xp: ModuleType) -> Callable:
     """The class's own core of ``function`` for arrays of ``xp`` (NumPy or CuPy), bound to
     it: what runs where a split is not exact."""
-    name = "_forward_cpu_core" if xp.__name__ == "numpy" else "_forward_gpu_core"
-    return MethodType(getattr(type(function), name), function)
+    cpu, gpu = _COMPUTE_CORES
+    return MethodType(getattr(type(function), cpu if xp.__name__ == "numpy" else gpu), function)
