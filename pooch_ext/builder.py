@@ -54,6 +54,8 @@ class _Op:
     saved_bytes: int
     label: str
     rerun_s: float                 # seconds to run it again in a recomputation
+    configs: list                  # split configurations (pieces, transient, seconds)
+    backward_configs: list         # the same for its backward op
 
 
 @dataclass
@@ -89,14 +91,17 @@ class ProfileBuilder:
                 retain_inputs: Sequence[int] = (), retain_outputs: Sequence[int] = (),
                 differentiable: Sequence[int] | None = None, transient_bytes: int = 0,
                 backward_transient_bytes: int = 0, saved_bytes: int = 0,
-                label: str = "", rerun_s: float | None = None) -> list[int]:
+                label: str = "", rerun_s: float | None = None,
+                configs: Sequence[tuple] = (), backward_configs: Sequence[tuple] = ()
+                ) -> list[int]:
         """Record a forward op; returns the ids of its outputs.
 
         ``inputs`` are activation tensor ids (parameters are not tensors here), ``outputs``
         (shape, dtype) pairs; ``retain_inputs`` / ``retain_outputs`` are positions of what
         the op's backward needs; ``differentiable`` are positions of inputs that get a
         gradient (default: every input that is not a network input); ``rerun_s`` the time
-        to run it again in a recomputation (default: ``duration_s``).
+        to run it again in a recomputation (default: ``duration_s``); ``configs`` /
+        ``backward_configs`` the op's split configurations (profile.py, ops ``configs``).
         """
         for t in inputs:
             if not 0 <= t < len(self._tensors):
@@ -113,7 +118,8 @@ class ProfileBuilder:
                              [inputs[i] for i in differentiable], float(duration_s),
                              float(backward_s), int(transient_bytes),
                              int(backward_transient_bytes), int(saved_bytes), label,
-                             float(duration_s if rerun_s is None else rerun_s)))
+                             float(duration_s if rerun_s is None else rerun_s),
+                             list(configs), list(backward_configs)))
         return ids
 
     def hold(self, tensor: int, until_op: int) -> None:
@@ -177,12 +183,14 @@ class ProfileBuilder:
             ops_rows.append(dict(op=k, phase="forward", name=op.name, label=op.label, fwd_op=-1,
                                  duration_s=op.duration_s, inputs=op.inputs, outputs=op.outputs,
                                  needs=list(dict.fromkeys(op.inputs)),
-                                 transient_bytes=op.transient_bytes, rerun_s=op.rerun_s))
+                                 transient_bytes=op.transient_bytes, rerun_s=op.rerun_s,
+                                 configs=op.configs))
         for f in order:
             op = self._ops[f]
             ops_rows.append(dict(op=bwd_index[f], phase="backward", name=op.name, label=op.label,
                                  fwd_op=f, duration_s=op.backward_s, inputs=[], outputs=[],
-                                 needs=op.retained, transient_bytes=op.backward_transient_bytes))
+                                 needs=op.retained, transient_bytes=op.backward_transient_bytes,
+                                 configs=op.backward_configs))
         if update_s > 0:
             ops_rows.append(dict(op=last_op, phase="update", name="update", label="", fwd_op=-1,
                                  duration_s=float(update_s), inputs=[], outputs=[], needs=[],

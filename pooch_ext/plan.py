@@ -72,6 +72,9 @@ class Plan:
     link: str = ""
     classify_seconds: float = 0.0
     timeline: Timeline | None = None   # the simulator's Timeline for this plan, when simulated
+    # op -> pieces it runs in (split convolutions, sim/configs.py); ops left out run whole.
+    # Empty before simulation means "choose them": the simulator fills in its choice
+    configs: dict[int, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         bad = {c for c in self.classes.values() if c not in CLASSES}
@@ -81,6 +84,9 @@ class Plan:
             raise ValueError(f"unknown swap-in timing {self.swap_in_timing!r}; "
                              f"known: {', '.join(SWAP_IN_TIMINGS)}")
         self.classes = {int(t): c for t, c in self.classes.items()}
+        self.configs = {int(k): int(p) for k, p in self.configs.items()}
+        if any(p < 1 for p in self.configs.values()):
+            raise ValueError(f"a configuration runs in at least one piece: {self.configs}")
 
     @property
     def counts(self) -> dict[str, int]:
@@ -96,6 +102,7 @@ class Plan:
             {"tensor": list(self.classes), "class": list(self.classes.values())})
         table["policy"] = self.policy
         table["swap_in_timing"] = self.swap_in_timing
+        table["configs"] = format_configs(self.configs)
         table.to_csv(path, index=False)
         return path
 
@@ -117,6 +124,24 @@ class Plan:
             policy = str(table["policy"].iloc[0]) if "policy" in table and len(table) else "file"
             timing = (str(table["swap_in_timing"].iloc[0])
                       if "swap_in_timing" in table and len(table) else "early")
-            return cls(policy=policy, classes=classes, swap_in_timing=timing, table=table)
+            configs = (parse_configs(table["configs"].iloc[0])
+                       if "configs" in table and len(table) else {})
+            return cls(policy=policy, classes=classes, swap_in_timing=timing, table=table,
+                       configs=configs)
         except ValueError as error:
             raise PoochError(f"{path}: {error}") from None
+
+
+def format_configs(configs: dict[int, int]) -> str:
+    """op -> pieces as "op:pieces op:pieces" (the plan CSV's configs column)."""
+    return " ".join(f"{op}:{pieces}" for op, pieces in sorted(configs.items()))
+
+
+def parse_configs(text: object) -> dict[int, int]:
+    """The inverse of ``format_configs``; empty or missing text: no split."""
+    if not isinstance(text, str) or not text.strip():
+        return {}
+    pairs = [part.split(":") for part in text.split()]
+    if any(len(pair) != 2 for pair in pairs):
+        raise ValueError(f"configs {text!r} are not op:pieces pairs")
+    return {int(op): int(pieces) for op, pieces in pairs}

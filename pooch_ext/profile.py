@@ -23,6 +23,10 @@ ops (one row per op, in execution order; ``op`` equals the row position)
     rerun_s       float seconds to run a forward op again when a recomputation rebuilds a map
                         (measured: BatchNormalization reapplies its stored statistics in about
                         a third of its forward time); duration_s where not measured (optional)
+    configs       list  other ways the op can run (split convolutions, issue 14): entries
+                        (pieces, transient_bytes, duration_s) besides the row itself, which is
+                        the op whole; [] when none (optional). Written "2:1048576:0.0012 ...".
+                        Analytic: analytic/splits.py; measured: hooks/conv_configs.py
 
 tensors (activations only; parameters are resident and not listed)
     tensor        int   id: creation order in the iteration, stable for a static graph
@@ -223,6 +227,14 @@ class Profile:
         tensors["swap_in_s"] = [link.swap_in_s(b) for b in tensors["bytes"]]
         return Profile(self.ops.copy(), tensors, self.memory.copy(), self.resident_bytes,
                        self.device, link, dict(self.meta), dict(self.action_s))
+
+    def without_configs(self) -> "Profile":
+        """The same iteration with no op offering split configurations: planning as if
+        every convolution had to run whole (the comparisons "without splitting")."""
+        ops = self.ops.copy()
+        ops["configs"] = [[] for _ in range(len(ops))]
+        return Profile(ops, self.tensors.copy(), self.memory.copy(), self.resident_bytes,
+                       self.device, self.link, dict(self.meta), dict(self.action_s))
 
     # ------------------------------------------------------------ equality
     def __eq__(self, other: object) -> bool:

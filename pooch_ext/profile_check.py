@@ -126,11 +126,21 @@ def _op_cells(p: _Problems, ops: pd.DataFrame) -> np.ndarray:
            "names the forward op it differentiates)")
     p.flag("ops", "fwd_op", fwd_op, ~backward & (fwd_op != -1), "must be -1 for a "
            "forward or update op")
+    bad_configs = np.array([not _configs_sound(c) for c in ops["configs"]], bool)
+    p.flag("ops", "configs", ops["configs"].to_numpy(object), bad_configs,
+           "are not split configurations (distinct pieces >= 2, bytes in "
+           f"0..{MAX_BYTES}, finite seconds >= 0)")
     seen_fwd = pd.Series(fwd_op[backward]).duplicated().to_numpy()
     repeated = np.zeros(n, bool)
     repeated[np.flatnonzero(backward)[seen_fwd]] = True
     p.flag("ops", "fwd_op", fwd_op, repeated, "is differentiated by an earlier backward op too")
     return phase
+
+
+def _configs_sound(configs: list) -> bool:
+    pieces = [c[0] for c in configs]
+    return len(set(pieces)) == len(pieces) and all(
+        p >= 2 and 0 <= b <= MAX_BYTES and math.isfinite(t) and t >= 0 for p, b, t in configs)
 
 
 def _tensor_cells(p: _Problems, tensors: pd.DataFrame, phase: np.ndarray, n: int) -> None:

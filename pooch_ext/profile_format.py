@@ -80,6 +80,26 @@ def _format_int_list(values: Any) -> str:
     return " ".join(str(int(v)) for v in values)
 
 
+def parse_configs(text: Any) -> list[tuple[int, int, float]]:
+    """configs: an op's split configurations as (pieces, transient bytes, seconds), written
+    "pieces:bytes:seconds" separated by spaces; [] where missing (no alternative)."""
+    if isinstance(text, (list, tuple)):
+        entries = [tuple(entry) for entry in text]
+    else:
+        text = "" if _missing(text) else str(text).strip()
+        entries = [tuple(part.split(":")) for part in text.split()] if text else []
+    configs = []
+    for entry in entries:
+        if len(entry) != 3:
+            raise ValueError(f"{entry!r} is not pieces:bytes:seconds")
+        configs.append((parse_int(entry[0]), parse_int(entry[1]), _parse_float(entry[2])))
+    return configs
+
+
+def _format_configs(values: Any) -> str:
+    return " ".join(f"{int(p)}:{int(b)}:{float(s)!r}" for p, b, s in values)
+
+
 def _parse_shape(text: Any) -> tuple[int, ...]:
     return tuple(_ints(text, "x"))
 
@@ -121,6 +141,7 @@ OPS_COLUMNS = (
     Column("transient_bytes", parse_int),
     Column("runtime_s", _parse_runtime, optional=True),
     Column("rerun_s", _parse_rerun, optional=True),
+    Column("configs", parse_configs, _format_configs, optional=True),
 )
 TENSORS_COLUMNS = (
     Column("tensor", parse_int), Column("producer", parse_int), Column("output_index", parse_int),
@@ -145,7 +166,8 @@ SCALAR_TYPES = {parse_int: "int64", _parse_float: "float64", _parse_bool: bool}
 EXPECTED = {parse_int: "an integer", _parse_held: "an integer", _parse_float: "a number",
             _parse_bool: "true or false", _parse_runtime: "a number", _parse_rerun: "a number",
             _parse_int_list: "integers separated by spaces",
-            _parse_shape: "a shape such as 2x3x4"}
+            _parse_shape: "a shape such as 2x3x4",
+            parse_configs: "pieces:bytes:seconds entries separated by spaces"}
 
 
 def parse_frame(table: str, rows: list[dict] | pd.DataFrame, problems: list[Problem]) -> pd.DataFrame:

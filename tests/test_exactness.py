@@ -148,7 +148,7 @@ def test_accounted_memory_stays_within_what_the_schedule_implies_for_activations
         activations = Profile(profile.ops, profile.tensors,
                               memory[memory.category == "activation"].reset_index(drop=True),
                               profile.resident_bytes, profile.device, profile.link, profile.meta)
-        bound = schedule_memory(activations, pooch.plan.schedule).peak_bytes.max()
+        bound = schedule_memory(activations, pooch.plan.schedule, pooch.plan.configs).peak_bytes.max()
         executed = pooch.iterations.iloc[PROFILE_ITERS:]
         assert executed.peak_bytes.max() <= bound
         in_core = schedule_memory(activations, _keep_all_schedule(profile)).peak_bytes.max()

@@ -29,7 +29,7 @@ def test_feasible_plans_fit_and_infeasible_ones_say_why(name, frac, net):
     assert validate_schedule(net, plan) == []
     if plan.feasible:
         assert plan.peak_bytes <= budget
-        assert schedule_memory(net, plan.schedule).peak_bytes.max() <= budget
+        assert schedule_memory(net, plan.schedule, plan.configs).peak_bytes.max() <= budget
     else:
         assert plan.reason
     assert list(plan.table["tensor"]) == sorted(plan.classes)

@@ -160,7 +160,7 @@ def test_the_simulators_peak_is_the_checkers_for_every_policy(profiles, policy):
                 plan = get_policy(policy).classify(profile, budget)
             except BudgetTooSmallError:             # a policy refusing a budget: fine here
                 continue
-            memory = schedule_memory(profile, plan.schedule)
+            memory = schedule_memory(profile, plan.schedule, plan.configs)
             assert validate_schedule(profile, plan) == [], (name, fraction)
             assert plan.peak_bytes == int(memory.peak_bytes.max()), (name, fraction)
             timeline = simulate(profile, plan, budget=plan.budget_bytes)   # the same budget

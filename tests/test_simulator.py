@@ -28,7 +28,7 @@ def run(profile, classes, timing="early", budget=None):
     plan = simulate_plan(profile, Plan("test", classes, swap_in_timing=timing), budget=budget)
     timeline = plan.timeline
     assert validate_schedule(profile, plan) == []
-    memory = schedule_memory(profile, plan.schedule)
+    memory = schedule_memory(profile, plan.schedule, plan.configs)
     assert np.array_equal(memory.peak_bytes, timeline.memory.peak_bytes)
     return plan, timeline
 

@@ -24,6 +24,7 @@ import chainer.functions as F
 
 from pooch_ext.analytic.costmodel import (GPU, OpShapes, check_conv_impl, get_gpu, op_times,
                                  resident_bytes, update_time_s)
+from pooch_ext.analytic.splits import conv_configs
 from pooch_ext.functions import op_cost
 from pooch_ext.hooks.graph import GraphRecorder
 from pooch_ext.trace import GraphTrace, OpRecord
@@ -133,9 +134,12 @@ def _op_shapes(trace: GraphTrace, op: OpRecord, conv: str) -> OpShapes:
 
 def _cost_function(gpu: GPU, conv: str):
     def cost(trace: GraphTrace, op: OpRecord) -> dict:
-        c = op_cost(_op_shapes(trace, op, conv))
+        shapes = _op_shapes(trace, op, conv)
+        c = op_cost(shapes)
         forward_s, backward_s = op_times(gpu, c)
+        configs, backward_configs = conv_configs(shapes, c, gpu)
         return dict(duration_s=forward_s, backward_s=backward_s,
+                    configs=configs, backward_configs=backward_configs,
                     transient_bytes=c.transient_bytes,
                     backward_transient_bytes=c.backward_transient_bytes,
                     saved_bytes=c.saved_bytes)

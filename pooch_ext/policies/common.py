@@ -30,11 +30,13 @@ class Context:
         self.model: SimModel = compile_profile(profile, self.link)
 
     def plan(self, codes: np.ndarray, timing: str = "early", reason: str = "",
-             r: dict[int, float] | None = None) -> Plan:
+             r: dict[int, float] | None = None, configs: dict[int, int] | None = None) -> Plan:
         """Simulate the chosen classes into a finished Plan (schedule, table, seconds taken);
-        ``r``: tensor id -> r(X) where PoocH computed it, for the table's r column."""
+        ``r``: tensor id -> r(X) where PoocH computed it, for the table's r column;
+        ``configs``: op -> pieces fixed by the policy (None: the simulator chooses)."""
         classes = {int(t): NAME[int(c)] for t, c in zip(self.model.tensor, codes)}
-        plan = Plan(self.policy, classes, swap_in_timing=timing, reason=reason)
+        plan = Plan(self.policy, classes, swap_in_timing=timing, reason=reason,
+                    configs=configs or {})
         if r:   # simulate_plan's table keeps the r values it finds in plan.table
             plan.table = pd.DataFrame({"tensor": list(r), "r": list(r.values())})
         plan = simulate_plan(self.profile, plan, self.link, self.budget, self.host_budget)

@@ -15,6 +15,7 @@ import pandas as pd
 
 from pooch_ext.plan import ACTIONS, Plan
 from pooch_ext.profile import Profile
+from pooch_ext.sim.configs import applied
 from pooch_ext.sim.memory import levels_from_changes, tops
 from pooch_ext.sim.model import compile_profile
 
@@ -164,13 +165,17 @@ class _Replay:
         return self.problems
 
 
-def schedule_memory(profile: Profile, schedule: pd.DataFrame) -> pd.DataFrame:
+def schedule_memory(profile: Profile, schedule: pd.DataFrame,
+                    configs: dict[int, int] | None = None) -> pd.DataFrame:
     """Device bytes at each boundary (after its actions) and the peak while op b runs.
 
     Every non-feature-map event stays where the profile has it; feature maps are allocated
-    by their producer and by swap_in / recompute, dropped by release / free.
+    by their producer and by swap_in / recompute, dropped by release / free. ``configs``:
+    op -> pieces the plan runs ops in (``Plan.configs``); ops left out run whole.
     """
     model = compile_profile(profile)
+    _, peak_inc = applied(model.configs, model.configs.index_of(configs or {}), model.dur,
+                          model.peak_inc)
     n = model.n
     change = np.zeros(n + 1, np.int64)
     extra = np.zeros(n + 1, np.int64)
@@ -184,4 +189,4 @@ def schedule_memory(profile: Profile, schedule: pd.DataFrame) -> pd.DataFrame:
                 extra[b] = max(extra[b], model.rc_extra[i])
     level = levels_from_changes(model.base_level, change)
     return pd.DataFrame({"boundary": np.arange(n + 1), "bytes": level,
-                         "peak_bytes": tops(level, model.peak_inc, extra)})
+                         "peak_bytes": tops(level, peak_inc, extra)})

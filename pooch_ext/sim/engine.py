@@ -45,8 +45,10 @@ from pooch_ext.plan import Plan
 from pooch_ext.profile import Profile
 from pooch_ext.report.classtable import plan_table
 from pooch_ext.sim.budgets import resolve_budget, resolve_host_budget
+from pooch_ext.sim.configs import applied, choose
 from pooch_ext.sim.model import (RECOMPUTE, SWAP, Lifetimes, SimModel, codes_of, compile_profile,
-                                host_level, host_peak, lifetimes, static_top, swap_waits)
+                                host_level, host_peak, lifetimes, recompute_extra, static_top,
+                                swap_waits)
 from pooch_ext.sim.timeline import Recorder, Timeline, build_timeline
 
 EPS = 1e-12
@@ -68,6 +70,8 @@ class RunResult:
     delayed: int                # swap-ins a fixed rule wanted earlier than memory allowed
     trace: dict | None = None   # intervals and actions (record=True)
     host_peak_bytes: int = 0    # host bytes the swapped maps hold at once (model.host_peak)
+    configs: np.ndarray | None = None   # chosen configuration per op that has them
+    dur: np.ndarray | None = None       # (n,) seconds per op with those configurations
 
 
 # ------------------------------------------------------------------ public API
@@ -85,8 +89,12 @@ def simulate(profile: Profile, plan: Plan, link: Link | str | None = None,
     model = compile_profile(profile, link)
     budget_bytes = resolve_budget(profile, budget)
     host_limit = resolve_host_budget(host_budget)
+    try:
+        fixed = model.configs.index_of(plan.configs) if plan.configs else None
+    except ValueError as error:
+        raise ValueError(f"plan {plan.policy!r}: {error}") from None
     result = run(model, codes_of(model, plan.classes), plan.swap_in_timing, budget_bytes,
-                 record=True, host_budget=host_limit)
+                 record=True, host_budget=host_limit, configs=fixed)
     return build_timeline(model, result, budget_bytes, plan.swap_in_timing, host_limit)
 
 
@@ -103,6 +111,7 @@ def simulate_plan(profile: Profile, plan: Plan, link: Link | str | None = None,
         peak_bytes=timeline.peak_bytes, budget_bytes=timeline.budget_bytes,
         host_peak_bytes=timeline.host_peak_bytes, host_budget_bytes=timeline.host_budget_bytes,
         link=model.link.name, timeline=timeline, feasible=timeline.feasible,
+        configs=timeline.configs,
         reason=plan.reason or ("" if timeline.feasible else timeline.reason))
     done.table = plan_table(profile, done, timeline.stalls, model)
     return done
@@ -126,10 +135,13 @@ def _swap_in_targets(model: SimModel, timing: str, order: list[int], first: np.n
 
 
 def run(model: SimModel, codes: np.ndarray, timing: str = "early", budget: float = math.inf,
-        record: bool = False, host_budget: float = math.inf) -> RunResult:
+        record: bool = False, host_budget: float = math.inf,
+        configs: np.ndarray | None = None) -> RunResult:
     """One simulation of classes ``codes`` (per feature map) under ``budget`` bytes; a plan
-    whose swapped maps hold more than ``host_budget`` bytes on the host is infeasible."""
-    return _Run(model, codes, timing, budget, record).walk().result(codes, host_budget)
+    whose swapped maps hold more than ``host_budget`` bytes on the host is infeasible.
+    ``configs``: the configuration index of each op that has them (model.configs); None
+    chooses them (sim/configs.choose)."""
+    return _Run(model, codes, timing, budget, record, configs).walk().result(codes, host_budget)
 
 
 class _Run:
@@ -143,14 +155,23 @@ class _Run:
     (``occupy`` inlined on ``top`` and ``level``)."""
 
     def __init__(self, model: SimModel, codes: np.ndarray, timing: str, budget: float,
-                 record: bool) -> None:
+                 record: bool, configs: np.ndarray | None = None) -> None:
         self.model, self.timing, self.budget = model, timing, budget
         self.n, self.n_fwd, m = model.n, model.n_fwd, model.m
         life = lifetimes(model, codes)
-        self.level, self.top = static_top(model, life, minimal=False)
+        dur, peak = model.dur, None
+        self.configs = configs
+        if len(model.configs):
+            if configs is None:
+                tight, _ = static_top(model, life, minimal=True)
+                configs = choose(model.configs, tight, recompute_extra(model, life), budget)
+            self.configs = configs
+            dur, peak = applied(model.configs, configs, model.dur, model.peak_inc)
+        self.level, self.top = static_top(model, life, minimal=False, peak_inc=peak)
+        self.dur_array = dur
         self.nbytes = model.nbytes
         self.so_s, self.si_s, self.dur, self.rc_s = (
-            model.so_s.tolist(), model.si_s.tolist(), model.dur.tolist(), model.rc_s.tolist())
+            model.so_s.tolist(), model.si_s.tolist(), dur.tolist(), model.rc_s.tolist())
         self.last_fwd, self.first_at = model.last_fwd.tolist(), life.first.tolist()
         self.end_at = life.end.tolist()
         self.unlimited = not math.isfinite(budget)
@@ -416,7 +437,8 @@ class _Run:
                       f"{int(host_budget)} (recompute or keep some instead)")
         result = RunResult(self.t, not reason, peak, reason, self.forward_end,
                            sorted(self.l_out), sorted(self.l_in), np.array(self.stall_d2h),
-                           np.array(self.stall_h2d), self.delayed, host_peak_bytes=host)
+                           np.array(self.stall_h2d), self.delayed, host_peak_bytes=host,
+                           configs=self.configs, dur=self.dur_array)
         if self.rec:
             result.trace = self.rec.finish(self.level, self.top)
             result.trace["host"] = host_level(model, codes)

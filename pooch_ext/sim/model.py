@@ -26,6 +26,7 @@ import numpy as np
 
 from pooch_ext.links import Link, get_link
 from pooch_ext.profile import Profile
+from pooch_ext.sim.configs import OpConfigs, compile_configs, smallest
 from pooch_ext.sim.memory import base_profile_levels, levels_from_changes, tops
 
 KEEP, SWAP, RECOMPUTE = 0, 1, 2
@@ -45,11 +46,12 @@ class SimModel:
 
     n: int                      # number of ops; boundaries are 0..n
     n_fwd: int                  # first op that is not a forward op (first backward boundary)
-    dur: np.ndarray             # (n,) compute seconds
+    dur: np.ndarray             # (n,) compute seconds (an op with configurations: its fastest)
     names: list[str]
     phases: list[str]
     base_level: np.ndarray      # (n+1,) bytes at each boundary, no feature map ever dropped
     peak_inc: np.ndarray        # (n+1,) extra bytes inside op b above its boundary level
+                                # (an op with configurations: its smallest, sim/configs.py)
     tensor: np.ndarray          # (m,) feature-map tensor ids, ascending
     index: dict[int, int]       # tensor id -> feature-map index
     nbytes: np.ndarray          # (m,) int64
@@ -68,6 +70,7 @@ class SimModel:
     conv_bwd: np.ndarray        # backward op indices whose forward op is a convolution
     link: Link
     act_s: dict[str, float] = field(default_factory=dict)   # host seconds per action kind
+    configs: OpConfigs = field(default_factory=lambda: OpConfigs(np.zeros(0, np.int64), [], [], []))
 
     @property
     def m(self) -> int:
@@ -126,6 +129,9 @@ def _compile(profile: Profile, link: Link | None) -> SimModel:
 
     names = list(ops["name"])
     durations = profile.op_seconds()      # recomputation costs rerun_s alone (rc_s)
+    configs = compile_configs(ops, events["op"].to_numpy(), signed,
+                              events["category"].to_numpy() == "transient", peak_inc, durations)
+    durations, peak_inc = smallest(configs, durations, peak_inc)
     nbytes = fms["bytes"].to_numpy(np.int64)
     if link is None:
         so_s, si_s = fms["swap_out_s"].to_numpy(float), fms["swap_in_s"].to_numpy(float)
@@ -153,7 +159,8 @@ def _compile(profile: Profile, link: Link | None) -> SimModel:
         so_s=so_s, si_s=si_s, rc_s=fms["recompute_s"].to_numpy(float), rc_extra=rc_extra,
         src_fm=src_fm, can=fms[["can_keep", "can_swap", "can_recompute"]].to_numpy(bool),
         why_not=list(fms["why_not"]), conv_bwd=conv_bwd,
-        link=profile.link if link is None else link, act_s=dict(profile.action_s))
+        link=profile.link if link is None else link, act_s=dict(profile.action_s),
+        configs=configs)
 
 
 def _chain_extra(profile: Profile, chain: list[int], target: int) -> int:
@@ -231,8 +238,10 @@ def swap_waits(model: SimModel, life: Lifetimes) -> tuple[dict[int, list[int]],
     return as_source, as_need
 
 
-def static_top(model: SimModel, life: Lifetimes, minimal: bool) -> tuple[np.ndarray, np.ndarray]:
-    """(level, top) per boundary from the static lifetimes; top = level + peak inside the op.
+def static_top(model: SimModel, life: Lifetimes, minimal: bool,
+               peak_inc: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(level, top) per boundary from the static lifetimes; top = level + peak inside the op
+    (``peak_inc``: each op's, default the model's, its smallest configuration's).
 
     ``minimal``: swapped maps are absent from the boundary after their last forward use until
     their first backward need (the tightest any schedule can do); otherwise they are counted
@@ -248,11 +257,17 @@ def static_top(model: SimModel, life: Lifetimes, minimal: bool) -> tuple[np.ndar
     np.add.at(diff, hole_start, -nb[hole])
     np.add.at(diff, hole_end, nb[hole])
     level = levels_from_changes(model.base_level, diff)
-    extra = np.zeros(n + 1, np.int64)
-    rc = np.flatnonzero(codes == RECOMPUTE)
+    return level, tops(level, model.peak_inc if peak_inc is None else peak_inc,
+                       recompute_extra(model, life))
+
+
+def recompute_extra(model: SimModel, life: Lifetimes) -> np.ndarray:
+    """(n+1,) the most a recompute chain run at each boundary holds beyond its map."""
+    extra = np.zeros(model.n + 1, np.int64)
+    rc = np.flatnonzero(life.codes == RECOMPUTE)
     if len(rc):
         np.maximum.at(extra, life.rc_point[rc], model.rc_extra[rc])
-    return level, tops(level, model.peak_inc, extra)
+    return extra
 
 
 def host_level(model: SimModel, codes: np.ndarray) -> np.ndarray:

@@ -39,6 +39,7 @@ class Timeline:
     schedule: pd.DataFrame | None = None
     host_peak_bytes: int = 0              # host bytes swapped maps hold at once (memory.host_bytes)
     host_budget_bytes: int | None = None  # None: unlimited
+    configs: dict[int, int] = field(default_factory=dict)   # op -> pieces, where not whole
 
     @property
     def total_stall_s(self) -> float:
@@ -83,7 +84,8 @@ def build_timeline(model: SimModel, r: RunResult, budget: int, timing: str,
     tid = model.tensor
     n = model.n
     start = tr["start"]
-    end = start + model.dur
+    dur = model.dur if r.dur is None else r.dur
+    end = start + dur
     rc = pd.DataFrame(tr["recomputes"], columns=["i", "boundary", "start_s", "end_s"])
     rc_time = np.zeros(n)
     if len(rc):
@@ -112,7 +114,8 @@ def build_timeline(model: SimModel, r: RunResult, budget: int, timing: str,
                     model.link.name, timing, ops, transfers, rc, memory, stalls,
                     [int(tid[i]) for i in r.l_out], [int(tid[i]) for i in r.l_in], r.delayed,
                     schedule, r.host_peak_bytes,
-                    None if math.isinf(host_budget) else int(host_budget))
+                    None if math.isinf(host_budget) else int(host_budget),
+                    {} if r.configs is None else model.configs.pieces_of(r.configs))
 
 
 def schedule_frame(model: SimModel, actions: list[tuple[int, str, int]]) -> pd.DataFrame:
