@@ -26,6 +26,7 @@ from pooch_ext.hooks.map_actions import MapActions
 from pooch_ext.hooks.model_state import base_of
 from pooch_ext.hooks.ondemand import OnDemand
 from pooch_ext.hooks.program import Program
+from pooch_ext.hooks.split_conv import ConvSplit, split
 from pooch_ext.hooks.runtime_device import RuntimeDevice
 from pooch_ext.trace import GraphTrace
 
@@ -51,6 +52,7 @@ class IterationStats:
     started: float = 0.0                             # perf_counter at the first forward op
     finished: float = 0.0                            # perf_counter after the last backward op
     transfers: list = field(default_factory=list)    # (tensor, Transfer) of this iteration
+    splits: dict = field(default_factory=dict)       # forward op -> (forward, backward) pieces
 
 
 class Executor(GraphRecorder):
@@ -266,6 +268,10 @@ class Executor(GraphRecorder):
             if reason and not self._switch(index, name):
                 self._deviate(reason)
         self._run_until(index)
+        if self.mode == SCHEDULED and index in self.program.splits:
+            forward, backward = self.program.splits[index]
+            split(function, ConvSplit(forward, backward, backward))
+            self.stats.splits[index] = (forward, backward)
         if self.mode == ON_DEMAND:
             self.on_demand.release_unreferenced()
         self.device.check("forward op", index, function)
@@ -308,6 +314,10 @@ class Executor(GraphRecorder):
         if self.mode == SCHEDULED:
             self._deviate(self.program.backward_differs(self.trace, index, fwd_index))
         self._run_until(index)
+        if self.mode == SCHEDULED and index in self.program.splits:
+            forward, backward = self.program.splits[index]
+            split(function, ConvSplit(forward, backward, backward))
+            self.stats.splits[index] = (forward, backward)
         if self.mode == ON_DEMAND:
             self.on_demand.release_unreferenced()
         self.on_demand.restore_for(fwd_index)

@@ -13,7 +13,7 @@ import math
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import pandas as pd
@@ -47,6 +47,9 @@ class IterationSample:
     # (the profiler's own bookkeeping and rerun timings left out)
     gap_s: dict[int, float] = field(default_factory=dict)
     rerun_s: dict[int, float] = field(default_factory=dict)   # forward op -> its recompute
+    conv_calls: dict[int, Any] = field(default_factory=dict)  # forward op -> ConvCall
+    splits: dict[int, tuple[int, int]] = field(default_factory=dict)  # forward op -> pieces
+    # (forward, backward) it ran in (the program profiling ran split it)
 
 
 def fit_link(samples: list[IterationSample], name: str = "measured") -> Link | None:
@@ -93,7 +96,8 @@ def unmodelled_bytes(profile: Profile, samples: list[IterationSample]) -> dict[i
         ran = sample.schedule
         # maps the model classifies, at the graph's boundaries (others are modelled events)
         schedule = ran[ran["tensor"].isin(maps) & (ran["boundary"] <= profile.n_ops)]
-        predicted = schedule_memory(profile, schedule)["peak_bytes"].to_numpy()
+        predicted = schedule_memory(profile, schedule, _ran_configs(profile, sample))
+        predicted = predicted["peak_bytes"].to_numpy()
         for op, measured in sample.peak_bytes.items():
             if 0 <= op < len(predicted) - 1:
                 excess[op] = max(excess.get(op, 0), int(measured - predicted[op]) + SLACK_BYTES)
@@ -138,6 +142,40 @@ def action_seconds(samples: list[IterationSample]) -> dict[str, float]:
             for kind, seconds in actions.groupby("action")["seconds"]}
 
 
+def _ran_configs(profile: Profile, sample: IterationSample) -> dict[int, int]:
+    """op -> pieces the sample ran split ops in, as far as the profile offers them."""
+    ops = profile.ops
+    bwd = {int(f): int(k) for k, f in zip(ops["op"], ops["fwd_op"]) if f >= 0}
+    offered = {int(k): {c[0] for c in cfgs} for k, cfgs in zip(ops["op"], ops["configs"])}
+    configs = {}
+    for k, (forward, backward) in sample.splits.items():
+        for op, pieces in ((k, forward), (bwd.get(k, -1), backward)):
+            if pieces in offered.get(op, ()):
+                configs[op] = pieces
+    return configs
+
+
+def _split_change(sample: IterationSample, k: int, calls: dict, configs_of: Any
+                  ) -> tuple[tuple[int, float], tuple[int, float]]:
+    """((bytes, seconds) of forward, the same of backward): what running forward op ``k``
+    split in ``sample`` changed against whole, as measured for its configurations."""
+    pieces = sample.splits.get(k)
+    if pieces is None or k not in calls or configs_of is None:
+        return (0, 0.0), (0, 0.0)
+    out = []
+    for configs, p in zip(configs_of(calls[k]), pieces):
+        found = [(d_bytes, d_s) for q, d_bytes, d_s in configs if q == p]
+        out.append(found[0] if found else (0, 0.0))
+    return out[0], out[1]
+
+
+def _shifted(changes: list[tuple[int, int, float]], scratch: int, seconds: float) -> list:
+    """Configurations from their measured changes to a whole op of ``scratch`` bytes and
+    ``seconds``: neither below zero."""
+    return [(pieces, max(0, scratch + d_bytes), max(0.0, seconds + d_s))
+            for pieces, d_bytes, d_s in changes]
+
+
 def _median(values: list[float]) -> float:
     return float(statistics.median(values)) if values else 0.0
 
@@ -176,10 +214,42 @@ def _use_measured_swap_times(profile: Profile, use: list[IterationSample]) -> No
         tensors[column] = np.asarray(values, float)
 
 
+def _measured_costs(use: list[IterationSample], k: int, j: int, calls: dict,
+                    configs_of: Callable[[Any], tuple[list, list]] | None,
+                    unmodelled: dict[int, int]) -> dict:
+    """The builder's costs of forward op ``k`` (backward op ``j``, -1: none) from the samples
+    ``use``: medians of times, maxima of scratch, each as the whole op would have taken where
+    a sample ran it split; with its split configurations where ``configs_of`` offers some."""
+    change = {s.iteration: _split_change(s, k, calls, configs_of) for s in use}
+    row = dict(
+        duration_s=_median([s.forward_s[k] - change[s.iteration][0][1]
+                            for s in use if k in s.forward_s]),
+        rerun_s=(_median([s.rerun_s[k] for s in use if k in s.rerun_s])
+                 if any(k in s.rerun_s for s in use) else None),
+        backward_s=_median([s.backward_s[k] - change[s.iteration][1][1]
+                            for s in use if k in s.backward_s]),
+        transient_bytes=max([s.scratch.get(k, 0) - change[s.iteration][0][0]
+                             for s in use]) + unmodelled.get(k, 0),
+        backward_transient_bytes=(max([s.scratch.get(j, 0) - change[s.iteration][1][0]
+                                       for s in use])
+                                  + unmodelled.get(j, 0)) if j >= 0 else 0,
+        saved_bytes=int(_median([s.saved_bytes.get(k, 0) for s in use])))
+    if k in calls and configs_of is not None:
+        forward, backward = configs_of(calls[k])
+        row["configs"] = _shifted(forward, row["transient_bytes"], row["duration_s"])
+        if j >= 0:
+            row["backward_configs"] = _shifted(backward, row["backward_transient_bytes"],
+                                               row["backward_s"])
+    return row
+
+
 def build_profile(samples: list[IterationSample], device: Device, link: Link, resident: int,
-                  meta: dict | None = None, measured_swaps: bool = True) -> Profile:
+                  meta: dict | None = None, measured_swaps: bool = True,
+                  configs_of: Callable[[Any], tuple[list, list]] | None = None) -> Profile:
     """The measured Profile of ``samples`` (all of one graph); the first is a warm-up when there
-    are two or more. ``measured_swaps``: take swap times from the copies, else from ``link``."""
+    are two or more. ``measured_swaps``: take swap times from the copies, else from ``link``.
+    ``configs_of(call)``: a profiled convolution's split configurations as changes to its
+    whole (hooks/conv_configs.measured_configs); None: no op gets any."""
     if not samples:
         raise ProfileError("no profiled iteration to build a profile from")
     use = samples[1:] if len(samples) > 1 else samples
@@ -193,18 +263,12 @@ def build_profile(samples: list[IterationSample], device: Device, link: Link, re
     unmodelled: dict[int, int] = {}      # op -> measured bytes the graph model lacks
     between = runtime_seconds(use, n_fwd)
 
+    calls = next((s.conv_calls for s in reversed(use) if s.conv_calls), {}) \
+        if configs_of is not None else {}
+
     def cost(_trace: GraphTrace, op: Any) -> dict:
-        k = op.index
-        j = bwd_index.get(k, -1)
-        return dict(
-            duration_s=_median([s.forward_s[k] for s in use if k in s.forward_s]),
-            rerun_s=(_median([s.rerun_s[k] for s in use if k in s.rerun_s])
-                     if any(k in s.rerun_s for s in use) else None),
-            backward_s=_median([s.backward_s[k] for s in use if k in s.backward_s]),
-            transient_bytes=max([s.scratch.get(k, 0) for s in use]) + unmodelled.get(k, 0),
-            backward_transient_bytes=(max([s.scratch.get(j, 0) for s in use])
-                                      + unmodelled.get(j, 0)) if j >= 0 else 0,
-            saved_bytes=int(_median([s.saved_bytes.get(k, 0) for s in use])))
+        return _measured_costs(use, op.index, bwd_index.get(op.index, -1), calls, configs_of,
+                               unmodelled)
 
     info = dict(meta or {})
     info.setdefault("source", "measured")

@@ -24,6 +24,7 @@ import pandas as pd
 
 from pooch_ext.functions import RECOMPUTABLE
 from pooch_ext.hooks.allocator import AllocationLog, cupy_memory_hook, scratch_bytes
+from pooch_ext.hooks.conv_configs import conv_call
 from pooch_ext.hooks.executor import Executor
 from pooch_ext.hooks.function_nodes import TAG
 from pooch_ext.hooks.measured_profile import IterationSample
@@ -57,6 +58,7 @@ class Profiler:
         self._fwd_timers: dict[int, Any] = {}
         self._bwd_timers: dict[int, tuple[int, Any]] = {}
         self._saved: dict[int, int] = {}
+        self._conv_calls: dict[int, Any] = {}
         self._rerun_timers: dict[int, Any] = {}
         self._timing: tuple[int, Any] | None = None   # (op window, timer) running now
         # the profiler's own host seconds since the last op window ended (bookkeeping, rerun
@@ -160,6 +162,9 @@ class Profiler:
         began = time.perf_counter()
         self._saved[index] = self._saved_bytes(function, index)
         if in_data is not None:
+            call = conv_call(function, in_data)
+            if call is not None:
+                self._conv_calls[index] = call
             self._time_rerun(index, function, in_data)
         self._own_s += time.perf_counter() - began
 
@@ -255,6 +260,8 @@ class Profiler:
         sample.forward_s = {k: t.seconds() for k, t in self._fwd_timers.items()}
         sample.backward_s = {k: t.seconds() for k, (_, t) in self._bwd_timers.items()}
         sample.saved_bytes = dict(self._saved)
+        sample.conv_calls = dict(self._conv_calls)
+        sample.splits = dict(executor.stats.splits)
         sample.rerun_s = {k: t.seconds() for k, t in self._rerun_timers.items()}
         sample.gap_s = _gaps([(k, t) for k, t in self._fwd_timers.items()] +
                              [(j, t) for j, t in self._bwd_timers.values()], self._own_before)

@@ -29,6 +29,9 @@ class Program:
     # that earlier ops made (network inputs are new to every iteration)
     in_shapes: list[list[tuple]] = field(default_factory=list)    # per op: sorted (shape,
     # dtype) of everything it reads, parameters included
+    # forward op -> (pieces of its forward, pieces of its backward): the plan's split
+    # convolutions (Plan.configs by forward op; hooks/split_conv.py runs them)
+    splits: dict[int, tuple[int, int]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.known_inputs:
@@ -99,8 +102,9 @@ class Program:
 
 
 def compile_program(trace: GraphTrace, profile: Profile, schedule: pd.DataFrame,
-                    label: str = "") -> Program:
-    """Check ``schedule`` against ``profile`` and the graph it came from; index it by boundary."""
+                    label: str = "", configs: dict[int, int] | None = None) -> Program:
+    """Check ``schedule`` against ``profile`` and the graph it came from; index it by boundary.
+    ``configs``: op -> pieces (Plan.configs), each an op's configuration in the profile."""
     n_fwd = int((profile.ops.phase == "forward").sum())
     n_bwd = int((profile.ops.phase == "backward").sum())
     if n_fwd != len(trace.ops) or n_bwd != len(trace.backward_order):
@@ -127,4 +131,21 @@ def compile_program(trace: GraphTrace, profile: Profile, schedule: pd.DataFrame,
     kinds = tensors["kind"]
     sources = {int(s) for t in recomputed for s in tensors.at[t, "recompute_sources"]
                if kinds.get(int(s)) == "input"}
-    return Program(trace, actions, chains, frozenset(sources), profile.n_ops, label)
+    return Program(trace, actions, chains, frozenset(sources), profile.n_ops, label,
+                   splits=_splits(profile, configs or {}))
+
+
+def _splits(profile: Profile, configs: dict[int, int]) -> dict[int, tuple[int, int]]:
+    """Plan configurations by forward op: (forward pieces, backward pieces)."""
+    ops = profile.ops
+    splits: dict[int, tuple[int, int]] = {}
+    for op, pieces in configs.items():
+        if not 0 <= op < len(ops) or (pieces != 1 and pieces not in
+                                      [c[0] for c in ops.at[op, "configs"]]):
+            raise ExecutorError(f"the plan runs op {op} in {pieces} pieces, which the "
+                                "profile does not offer")
+        backward = ops.at[op, "phase"] == "backward"
+        fwd = int(ops.at[op, "fwd_op"]) if backward else op
+        forward_pieces, backward_pieces = splits.get(fwd, (1, 1))
+        splits[fwd] = (forward_pieces, pieces) if backward else (pieces, backward_pieces)
+    return {k: v for k, v in splits.items() if v != (1, 1)}

@@ -37,6 +37,7 @@ from chainer.functions.connection.convolution_2d import (Convolution2DFunction,
 from chainer.functions.connection.deconvolution_2d import Deconvolution2DFunction
 from chainer.utils import conv
 
+from pooch_ext.analytic.splits import weight_pieces
 from pooch_ext.hooks.chainer_refs import original_compute_core, set_compute_core
 
 
@@ -180,19 +181,21 @@ def _input_gradient_pieces(self: Any, x: Any, W: Any, b: Any, pieces: int) -> tu
 
 
 def _weight_gradient_pieces(self: Any, x: Any, gy: Any, pieces: int) -> tuple:
-    """Convolution2DGradW's core (im2col + GEMM), a slice of input channels at a time."""
+    """Convolution2DGradW's core (im2col + GEMM) over a slice of input channels at a time,
+    and, beyond one piece per input channel, over slices of output channels inside each
+    (``weight_pieces``): every element's reduction over batch and pixels stays one GEMM."""
     xp = backend.get_array_module(x)
     if not (gy.flags.c_contiguous or gy.flags.f_contiguous) and 1 in gy.shape:
         gy = xp.ascontiguousarray(gy)      # as Chainer does (NumPy's tensordot needs it)
-    gW = None
-    for c0, c1 in piece_bounds(x.shape[1], pieces):
+    in_pieces, out_pieces = weight_pieces(pieces, x.shape[1], gy.shape[1])
+    gW = xp.empty((gy.shape[1], x.shape[1], self.kh, self.kw), dtype=self.W_dtype)
+    for c0, c1 in piece_bounds(x.shape[1], in_pieces):
         col = _im2col(xp)(x[:, c0:c1], self.kh, self.kw, self.sy, self.sx, self.ph, self.pw,
                           cover_all=self.cover_all, dy=self.dy, dx=self.dx)
-        part = xp.tensordot(gy, col, ((0, 2, 3), (0, 4, 5))).astype(self.W_dtype, copy=False)
+        for o0, o1 in piece_bounds(gy.shape[1], out_pieces):
+            part = xp.tensordot(gy[:, o0:o1], col, ((0, 2, 3), (0, 4, 5)))
+            gW[o0:o1, c0:c1] = part.astype(self.W_dtype, copy=False)
         del col
-        if gW is None:
-            gW = xp.empty((part.shape[0], x.shape[1]) + part.shape[2:], dtype=part.dtype)
-        gW[:, c0:c1] = part
     return gW,
 
 

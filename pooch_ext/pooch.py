@@ -50,6 +50,7 @@ from pooch_ext.hooks.model_state import ModelSnapshot, resident_bytes
 from pooch_ext.hooks.program import ExecutorError, Program, compile_program
 from pooch_ext.trace import GraphTrace
 from pooch_ext.hooks.executor import Executor
+from pooch_ext.hooks.conv_configs import measured_configs
 from pooch_ext.hooks.measured_profile import build_profile, fit_link
 from pooch_ext.hooks.profiler import Profiler
 from pooch_ext.hooks.scope import Models
@@ -75,7 +76,8 @@ class PoocH:
     def __init__(self, model: chainer.Link | Sequence[chainer.Link], profile_iters: int = 3,
                  budget: int | str | None = None, link: str | Link = "auto",
                  policy: str | Callable | None = "pooch", device: RuntimeDevice | None = None,
-                 verbose: bool = True, host_budget: int | str | None = None) -> None:
+                 verbose: bool = True, host_budget: int | str | None = None,
+                 split_convolutions: bool = True) -> None:
         check_chainer()        # a Chainer the runtime was not tested with is refused here
         if int(profile_iters) < 1:
             raise ValueError(f"profile_iters must be >= 1, got {profile_iters}")
@@ -89,6 +91,7 @@ class PoocH:
         self.link = link if isinstance(link, Link) or link == "auto" else get_link(link)
         self.policy = policy
         self.verbose = verbose
+        self.split_convolutions = bool(split_convolutions)
         self.device = device
         self.profile: Profile | None = None
         self.plan: Plan | None = None
@@ -312,7 +315,7 @@ class PoocH:
             return
         try:
             plan = self._classify(profile, self.policy, self.host_budget)
-            program = compile_program(trace, profile, plan.schedule, plan.policy)
+            program = compile_program(trace, profile, plan.schedule, plan.policy, plan.configs)
         except (BudgetTooSmallError, ExecutorError) as error:
             if graph.provisional is None:
                 graph.provisional = self._swap_all_program(profile, trace)
@@ -337,7 +340,7 @@ class PoocH:
                 self._told.add(message)
                 self._say(message)
             return None
-        return compile_program(trace, profile, plan.schedule, "profile")
+        return compile_program(trace, profile, plan.schedule, "profile", plan.configs)
 
     def _policy_name(self) -> str:
         return self.policy if isinstance(self.policy, str) else getattr(
@@ -363,8 +366,10 @@ class PoocH:
         meta = {"model": self.models.name, "batch": batch,
                 "device_kind": self.device.kind}
         device = Device(self.device.name, int(self.budget_bytes), self.device.kind)
+        measure_splits = (lambda call: measured_configs(call, self.device)) \
+            if self.split_convolutions else None
         return build_profile(samples, device, link, resident_bytes(self.models), meta,
-                             measured_swaps=measured)
+                             measured_swaps=measured, configs_of=measure_splits)
 
     def _classify(self, profile: Profile, policy: str | Callable,
                   host_budget: float = math.inf) -> Plan:
@@ -419,8 +424,8 @@ class PoocH:
                 wall_s=(following - stats.started) if following else float("nan"),
                 compute_s=max(0.0, stats.finished - stats.started) if stats.finished else float("nan"),
                 peak_bytes=stats.peak_bytes, swap_outs=stats.swap_outs, swap_ins=stats.swap_ins,
-                recomputes=stats.recomputes, frees=stats.frees, on_demand=stats.on_demand,
-                deviation=stats.deviation))
+                recomputes=stats.recomputes, frees=stats.frees, splits=len(stats.splits),
+                on_demand=stats.on_demand, deviation=stats.deviation))
         return pd.DataFrame(rows)
 
     @property

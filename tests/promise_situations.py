@@ -268,17 +268,21 @@ def policy_fits(profile: Any, policy: str, budget: int) -> bool:
 
 
 def moved_something(pooch: Any) -> tuple[bool, str]:
-    """Whether the plan swaps or recomputes maps and an executed iteration did so."""
-    plan = pooch.plan
-    if plan is None:
-        return False, f"no plan was made (iterations: {list(pooch.iterations.program)})"
-    counts = plan.counts
+    """Whether the program the loop ended on acts (swaps, recomputes or splits convolutions)
+    and an executed iteration of it did so: the policy's plan, or the swap-all program the
+    profiling ran when the policy could not plan at this budget."""
     runs = pooch.iterations
-    executed = runs[runs.program == plan.policy]
-    acted = int((executed.swap_outs + executed.recomputes).sum()) if len(executed) else 0
-    detail = (f"plan {dict(counts)}; executed iterations {len(executed)}, swap-outs + "
-              f"recomputes in them {acted}; programs {list(runs.program)}")
-    return counts["swap"] + counts["recompute"] > 0 and acted > 0, detail
+    plan = pooch.plan
+    program = plan.policy if plan is not None else "profile"
+    executed = runs[runs.program == program]
+    acted = int((executed.swap_outs + executed.recomputes + executed.splits).sum()) \
+        if len(executed) else 0
+    counts = dict(plan.counts) if plan is not None else "none (the policy could not plan)"
+    detail = (f"plan {counts}; executed {program!r} iterations {len(executed)}, swap-outs + "
+              f"recomputes + splits in them {acted}; programs {list(runs.program)}")
+    planned = plan is None or (plan.counts["swap"] + plan.counts["recompute"] > 0 or
+                               any(pieces > 1 for pieces in plan.configs.values()))
+    return planned and acted > 0, detail
 
 
 def same_values(a: list, b: list) -> bool:

@@ -1,0 +1,162 @@
+"""Measured split configurations (issue 14): what running a profiled convolution in pieces
+costs on the device it was profiled on, for the measured Profile's ``configs``.
+
+While PoocH profiles, each splittable convolution's call is noted (``ConvCall``: its
+attributes and its arrays' layouts, not the arrays). Building the profile then runs the
+convolution on probes of those layouts (split_conv's probes) whole and in each piece count,
+exactly as the executor would (each part split only where bit-identical here), and charges
+a configuration the measured difference to the whole: seconds, and scratch bytes where the
+device counts its allocations (the CPU device); elsewhere the scratch shrinks in proportion
+to the pieces. A part that is not exact runs whole in the measurement too, so what the
+profile lists is what the executor does. The backward's incoming gradient is probed
+C-contiguous (a fresh gradient's layout); a call whose real gradient is laid out otherwise
+is checked again when it runs (split_conv falls back to whole where not exact).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy
+
+from chainer.functions.connection.convolution_2d import (Convolution2DFunction,
+                                                         Convolution2DGradW)
+from chainer.functions.connection.deconvolution_2d import Deconvolution2DFunction
+
+from pooch_ext.analytic.splits import MAX_PIECES
+from pooch_ext.hooks import split_conv
+from pooch_ext.hooks.chainer_refs import original_compute_core
+
+Layout = tuple        # (shape, strides, dtype string), split_conv._layout
+Config = tuple[int, int, float]
+
+
+@dataclass(frozen=True)
+class ConvCall:
+    """One profiled convolution: its attributes and its arrays' layouts."""
+
+    stride: tuple[int, int]
+    pad: tuple[int, int]
+    dilate: tuple[int, int]
+    cover_all: bool
+    x: Layout
+    W: Layout
+    b: Layout | None
+    wants_gx: bool       # its input receives a gradient
+
+
+def conv_call(function: Any, in_data: tuple) -> ConvCall | None:
+    """The call of ``function`` on ``in_data`` if it can run split, else None."""
+    if split_conv.not_splittable(function) or len(in_data) < 2 or in_data[0].shape[0] < 2:
+        return None
+    x, W = in_data[0], in_data[1]
+    b = in_data[2] if len(in_data) > 2 else None
+    node = function.inputs[0] if function.inputs else None
+    wants_gx = node is None or getattr(node, "requires_grad", True)
+    layout = split_conv._layout
+    return ConvCall((function.sy, function.sx), (function.ph, function.pw),
+                    (function.dy, function.dx), bool(function.cover_all), layout(x), layout(W),
+                    layout(b), bool(wants_gx))
+
+
+def piece_counts(n: int) -> list[int]:
+    """Piece counts measured for ``n`` items: 2, 8, 32, ... (each a quarter of the scratch
+    of the one before), then ``n`` itself."""
+    counts, p = [], 2
+    while p < n and p <= MAX_PIECES:
+        counts.append(p)
+        p *= 4
+    return counts + ([n] if n <= MAX_PIECES else [])
+
+
+_MEASURED: dict[tuple, tuple[list[Config], list[Config]]] = {}
+
+
+def measured_configs(call: ConvCall, device: Any) -> tuple[list[Config], list[Config]]:
+    """``measure`` on ``device`` (a RuntimeDevice: its array module, and its allocation
+    counter where it has one), once per call and device kind."""
+    key = (call, device.kind)
+    if key not in _MEASURED:
+        counter = getattr(device, "counter", None)
+        was = counter.use(True) if counter is not None else False
+        try:
+            _MEASURED[key] = measure(call, device.xp, counter)
+        finally:
+            if counter is not None:
+                counter.use(was)
+    return _MEASURED[key]
+
+
+def measure(call: ConvCall, xp: Any, counter: Any = None, repeats: int = 2
+            ) -> tuple[list[Config], list[Config]]:
+    """(forward, backward) configurations as (pieces, scratch bytes change, seconds change)
+    against whole: measured on probes with ``xp`` (NumPy or CuPy); ``counter`` (the CPU
+    device's allocation counter) measures scratch, else it is the whole's scaled."""
+    x, W = _probe(call.x, xp, 1), _probe(call.W, xp, 2)
+    b = _probe(call.b, xp, 3) if call.b is not None else None
+    n, c_in, c_out = x.shape[0], x.shape[1], W.shape[0]
+    conv = Convolution2DFunction(call.stride, call.pad, call.cover_all, dilate=call.dilate)
+    y, = original_compute_core(conv, xp)(x, W, b)
+    gy = _probe(split_conv._layout(xp.ascontiguousarray(y)), xp, 4)
+    del y
+    deconv = Deconvolution2DFunction(call.stride, call.pad, outsize=x.shape[2:],
+                                     dilate=call.dilate)
+    deconv._calc_out_size(gy.shape, W.shape)
+    grad_w = Convolution2DGradW(conv, W.shape, W.dtype, None)
+    conv.kh, conv.kw = W.shape[2:]
+
+    def forward(pieces: int) -> Callable[[], Any]:
+        return lambda: split_conv._run_part(conv, split_conv._forward_pieces, (x, W, b),
+                                            pieces, True)
+
+    def backward(pieces: int) -> Callable[[], Any]:
+        def run() -> None:
+            if call.wants_gx:
+                split_conv._run_part(deconv, split_conv._input_gradient_pieces, (gy, W, None),
+                                     pieces, True)
+            split_conv._run_part(grad_w, split_conv._weight_gradient_pieces, (x, gy),
+                                 pieces, True)
+        return run
+
+    for node in (conv, deconv, grad_w):
+        node._pooch_split = (split_conv.ConvSplit(), True)
+    out = []
+    for runner, counts in ((forward, piece_counts(n)),
+                           (backward, piece_counts(max(n, c_in * c_out)))):
+        whole_s, whole_b = _cost(runner(1), xp, counter, repeats)
+        configs = []
+        for pieces in counts:
+            seconds, scratch = _cost(runner(pieces), xp, counter, repeats)
+            if counter is None:
+                scratch = whole_b // pieces
+            if scratch < whole_b:        # else a part was not exact here (ran whole)
+                configs.append((pieces, scratch - whole_b, seconds - whole_s))
+        out.append(configs)
+    return out[0], out[1]
+
+
+def _probe(layout: Layout, xp: Any, seed: int) -> Any:
+    shape, strides, dtype = layout
+    like = numpy.lib.stride_tricks.as_strided(numpy.empty(1, dtype), shape, strides)
+    probe = split_conv._probe_like(like, seed) if xp is numpy else \
+        xp.asarray(split_conv._probe_like(numpy.ascontiguousarray(like), seed))
+    return probe
+
+
+def _cost(run: Callable[[], Any], xp: Any, counter: Any, repeats: int) -> tuple[float, int]:
+    """(best seconds, scratch bytes) of ``run``; the first call (exactness probes) untimed."""
+    run()
+    best, scratch = float("inf"), 0
+    for _ in range(repeats):
+        if counter is not None:
+            live = counter.live()
+            counter.reset_peak()
+        start = time.perf_counter()
+        run()
+        if xp is not numpy:
+            xp.cuda.Device().synchronize()
+        best = min(best, time.perf_counter() - start)
+        if counter is not None:
+            scratch = max(scratch, counter.peak() - live)
+    return best, scratch
