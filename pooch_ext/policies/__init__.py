@@ -33,6 +33,7 @@ POLICIES = {
     "superneurons": "pooch_ext.policies.superneurons",
     "vdnn-all": "pooch_ext.policies.vdnn_all",
     "vdnn-conv": "pooch_ext.policies.vdnn_conv",
+    "vdnn-dyn": "pooch_ext.policies.vdnn_dyn",
     "sqrt-n": "pooch_ext.policies.sqrt_n",
     "pooch-paper": "pooch_ext.policies.pooch_paper",
 }

@@ -22,15 +22,23 @@ def classify_vdnn(profile: Profile, budget: int | str | None, link: Link | str |
                   name: str, conv_only: bool, host_budget: int | str | None = None) -> Plan:
     """The vDNN plan called ``name``: offload the inputs of every layer, or of convolutions."""
     ctx = Context(profile, budget, link, name, host_budget)
+    plan = ctx.plan(offload_codes(ctx, conv_only), TIMING)
+    if plan.peak_bytes > ctx.budget:      # not a host budget's refusal: that says so itself
+        plan.reason = f"{name} keeps too much for the budget: {plan.reason}"
+    return plan
+
+
+def offload_codes(ctx: Context, conv_only: bool | None) -> np.ndarray:
+    """vDNN's classes: offload the inputs of every layer (``conv_only`` False), of
+    convolutions (True) or of none (None: in-core)."""
     model = ctx.model
-    consumers = dict(zip(profile.tensors["tensor"], profile.tensors["fwd_consumers"]))
     codes = np.full(model.m, KEEP)
+    if conv_only is None:
+        return codes
+    consumers = dict(zip(ctx.profile.tensors["tensor"], ctx.profile.tensors["fwd_consumers"]))
     for i, t in enumerate(model.tensor):
         readers = consumers[int(t)]
         offload = any(is_conv(model.names[k]) for k in readers) if conv_only else bool(readers)
         if offload and model.can[i, SWAP]:
             codes[i] = SWAP
-    plan = ctx.plan(codes, TIMING)
-    if plan.peak_bytes > ctx.budget:      # not a host budget's refusal: that says so itself
-        plan.reason = f"{name} keeps too much for the budget: {plan.reason}"
-    return plan
+    return codes
