@@ -180,6 +180,23 @@ static PyObject *restart(PyObject *self, PyObject *arg) {
     return PyLong_FromLongLong(atomic_exchange(counters[k], atomic_load(&live)));
 }
 
+static PyObject *lift(PyObject *self, PyObject *args) {
+    /* lift(k, value): peak (1) or window (2) at least value (after a restart, what it had
+     * before a block that is not the device's, e.g. measurements on probes). */
+    (void)self;
+    long k;
+    long long value;
+    if (!PyArg_ParseTuple(args, "lL", &k, &value)) {
+        return NULL;
+    }
+    if (k != 1 && k != 2) {
+        PyErr_SetString(PyExc_IndexError, "only the peak (1) and the window (2) lift");
+        return NULL;
+    }
+    raise_to(counters[k], value);
+    Py_RETURN_NONE;
+}
+
 static PyObject *begin(PyObject *self, PyObject *unused) {
     /* A new epoch: every count from zero; blocks allocated before no longer count. */
     (void)self;
@@ -208,6 +225,7 @@ static PyMethodDef methods[] = {
     {"use", py_use, METH_O, "Count NumPy data allocations in this context (True) or not."},
     {"read", read_counter, METH_O, "Counter k: live, peak, window, blocks."},
     {"restart", restart, METH_O, "Restart the peak (1) or the window (2) from live."},
+    {"lift", lift, METH_VARARGS, "Raise the peak (1) or the window (2) to at least a value."},
     {"counted_size", counted_size, METH_O, "Bytes the block at this data address counts."},
     {"begin", begin, METH_NOARGS, "A new epoch: counts from zero, older blocks not counted."},
     {NULL, NULL, 0, NULL},

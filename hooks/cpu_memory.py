@@ -27,8 +27,10 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
+from typing import Iterator
 
 import numpy as np
 
@@ -119,6 +121,21 @@ class Counter:
 
     def reset_window(self) -> int:
         return self.module.restart(self.WINDOW)
+
+    @contextmanager
+    def apart(self) -> Iterator[None]:
+        """Count inside the block (its own live and peak can be read), then take it out of
+        the peak and the window: arrays it made and freed were never the device's (PoocH's
+        measurements on probes while an iteration runs)."""
+        was = self.use(True)
+        peak, window = self.peak(), self.window()
+        try:
+            yield
+        finally:
+            self.use(was)
+            for k, value in ((self.PEAK, peak), (self.WINDOW, window)):
+                self.module.restart(k)
+                self.module.lift(k, value)
 
 
 def counter() -> Counter | None:

@@ -1,0 +1,208 @@
+"""Split convolutions in planning and at run time (issue 14): profiles know each
+convolution's configurations, the simulator and every policy account for the chosen one,
+the minimum budget reflects the best splits, and the executor runs a plan's splits with
+training bit-identical to plain Chainer within a budget no unsplit plan meets."""
+from __future__ import annotations
+
+import chainer
+import chainer.functions as F
+import chainer.links as L
+import numpy as np
+import pytest
+
+from pooch_ext.analytic.tracing import analytic_profile
+from pooch_ext.errors import ProfileError
+from pooch_ext.hooks.cpu_device import CpuDevice
+from pooch_ext.plan import Plan
+from pooch_ext.policies import POLICIES, classify
+from pooch_ext.profile import Profile
+from pooch_ext.sim.budgets import budget_between, minimum_budget
+from pooch_ext.sim.check import schedule_memory
+from pooch_ext.sim.engine import simulate_plan
+from pooch_ext.testing import make_optimizer, model_state, states_equal, synthetic_batches, train
+
+GiB = 1 << 30
+
+
+@pytest.fixture(scope="module")
+def small():
+    return analytic_profile("small-resnet", 32, conv="im2col")
+
+
+def test_im2col_convolutions_offer_configurations_cudnn_ones_do_not(small):
+    convs = small.ops[small.ops.name == "Convolution2DFunction"]
+    assert all(len(c) for c in convs["configs"])
+    for configs, whole in zip(convs["configs"], convs["transient_bytes"]):
+        smallest = min(b for _, b, _ in configs)
+        assert smallest < whole                     # pieces shrink the scratch
+    fwd = convs[convs.phase == "forward"]
+    for configs, whole_s in zip(fwd["configs"], fwd["duration_s"]):
+        assert all(s > whole_s for _, _, s in configs)   # the GEMM curve: pieces are not free
+    cudnn = analytic_profile("small-resnet", 32, conv="cudnn")
+    assert not any(len(c) for c in cudnn.ops["configs"])
+
+
+def test_configurations_survive_save_and_load_and_bad_ones_are_refused(small, tmp_path):
+    small.save(tmp_path / "p")
+    assert Profile.load(tmp_path / "p") == small
+    ops = small.ops.copy()
+    k = int(np.flatnonzero([len(c) for c in ops["configs"]])[0])
+    ops.at[k, "configs"] = [(1, 10, 0.1)]            # one piece is the row itself
+    with pytest.raises(ProfileError, match="configs"):
+        Profile(ops, small.tensors, small.memory, small.resident_bytes, small.device, small.link)
+
+
+def test_minimum_budget_reflects_the_best_splits(small):
+    assert minimum_budget(small) < minimum_budget(small.without_configs())
+    assert small.without_configs().incore_peak_bytes == small.incore_peak_bytes
+
+
+@pytest.mark.parametrize("model, batch, limit", [("vgg16", 256, 12 * GiB),
+                                                  ("alexnet", 2432, 16 * GiB)])
+def test_issue_targets_fit_with_splits_only(model, batch, limit):
+    profile = analytic_profile(model, batch, conv="im2col")
+    assert minimum_budget(profile) <= limit < minimum_budget(profile.without_configs())
+
+
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+def test_every_policy_accounts_for_its_configurations(small, policy):
+    budget = budget_between(small, 0.1)
+    plan = classify(small, budget, policy)
+    if not plan.feasible:
+        pytest.skip(f"{policy} has no plan at this budget")
+    assert plan.configs                              # this budget needs splits
+    checked = schedule_memory(small, plan.schedule, plan.configs)["peak_bytes"].max()
+    assert plan.peak_bytes == checked <= budget
+    whole = schedule_memory(small, plan.schedule)["peak_bytes"].max()
+    assert whole > budget                            # run whole, it would not fit
+
+
+def test_fixed_configurations_are_simulated_as_given_and_unknown_ones_refused(small):
+    budget = budget_between(small, 0.5)
+    chosen = classify(small, budget, "swap-all")
+    again = simulate_plan(small, Plan("swap-all", chosen.classes, configs=chosen.configs),
+                          budget=budget)
+    assert again.configs == chosen.configs and again.iteration_time_s == chosen.iteration_time_s
+    whole_ops = {int(k): 1 for k in small.ops.index[small.ops.name == "Convolution2DFunction"]}
+    forced = simulate_plan(small, Plan("swap-all", chosen.classes, configs=whole_ops),
+                           budget=budget)
+    assert forced.configs == {} and forced.peak_bytes > chosen.peak_bytes
+    unlimited = simulate_plan(small, Plan("swap-all", chosen.classes), budget=1 << 50)
+    assert unlimited.configs == {}                   # the cost model's whole is fastest
+    with pytest.raises(ValueError, match="no configuration"):
+        simulate_plan(small, Plan("swap-all", chosen.classes, configs={1: 3}), budget=budget)
+
+
+def test_plan_csv_keeps_configurations(small, tmp_path):
+    plan = classify(small, budget_between(small, 0.2), "pooch")
+    plan.to_csv(tmp_path / "plan.csv")
+    assert Plan.read_csv(tmp_path / "plan.csv").configs == plan.configs
+
+
+class ConvNet(chainer.Chain):
+    """Convolutions whose column buffers dwarf their maps, as in VGG's first layers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        with self.init_scope():
+            self.c1 = L.Convolution2D(3, 16, 3, pad=1)
+            self.c2 = L.Convolution2D(16, 16, 3, pad=1)
+            self.c3 = L.Convolution2D(16, 32, 3, pad=1)
+            self.fc = L.Linear(None, 5)
+
+    def forward(self, x):
+        h = F.relu(self.c1(x))
+        h = F.max_pooling_2d(F.relu(self.c2(h)), 2)
+        return self.fc(F.relu(self.c3(h)))
+
+
+def _train(pooch=None):
+    np.random.seed(0)
+    model = ConvNet()
+    optimizer = make_optimizer(model, "momentum")
+    result = train(model, optimizer, synthetic_batches(6, 8, (3, 32, 32), 5), pooch)
+    if result.error is not None:
+        raise result.error
+    return result, model_state(model, optimizer)
+
+
+@pytest.fixture(scope="module")
+def runs():
+    plain, plain_state = _train()
+    roomy, _ = _train(dict(profile_iters=3, device=CpuDevice(), verbose=False))
+    profile = roomy.pooch.profile
+    floor, unsplit = minimum_budget(profile), minimum_budget(profile.without_configs())
+    budget = (floor + unsplit) // 2
+    tight, tight_state = _train(dict(profile_iters=3, device=CpuDevice(), verbose=False,
+                                     budget=budget))
+    return plain, plain_state, profile, budget, unsplit, tight, tight_state
+
+
+def test_measured_profiles_offer_configurations_that_shrink_the_scratch(runs):
+    _, _, profile, budget, unsplit, _, _ = runs
+    convs = profile.ops[profile.ops.name == "Convolution2DFunction"]
+    assert all(len(c) for c in convs["configs"])
+    assert minimum_budget(profile) <= budget < unsplit
+
+
+def test_splits_run_bit_identical_within_a_budget_no_whole_plan_meets(runs):
+    plain, plain_state, _, budget, unsplit, tight, tight_state = runs
+    pooch = tight.pooch
+    assert pooch.plan.feasible and pooch.plan.configs and budget < unsplit
+    ran = pooch.runtime.history[-1].splits
+    assert ran and set(ran) <= set(pooch.program.splits)
+    assert tight.losses == plain.losses and states_equal(tight_state, plain_state)
+    assert not pooch.overruns                        # the device measured within the budget
+
+
+def test_vdnn_dyn_tries_in_core_then_offloads_then_downgrades(small):
+    roomy = classify(small, small.incore_peak_bytes, "vdnn-dyn")
+    assert roomy.feasible and roomy.counts["swap"] == 0 and roomy.configs == {}
+    tight = classify(small, minimum_budget(small.without_configs()) - 1, "vdnn-dyn")
+    assert tight.feasible and tight.configs and tight.peak_bytes <= tight.budget_bytes
+
+
+def test_mucudnn_wr_and_wd_meet_their_limits_and_wd_is_never_slower_in_total(small):
+    from pooch_ext.policies import mucudnn
+
+    table = mucudnn.options(small)
+    limit = int(np.median([c[1] for configs in table.values() for c in configs]))
+    lightest = max(min(c[1] for c in configs) for configs in table.values())
+    wr = mucudnn.choose(small, max(limit, lightest), "wr")
+    assert all(next(c[1] for c in table[op] if c[0] == p) <= max(limit, lightest)
+               for op, p in wr.items())
+    total = sum(next(c[1] for c in table[op] if c[0] == p) for op, p in wr.items())
+    wd = mucudnn.choose(small, total, "wd")          # WR's own total: WD may only do better
+    assert sum(next(c[1] for c in table[op] if c[0] == p) for op, p in wd.items()) <= total
+    assert mucudnn.conv_seconds(small, wd) <= mucudnn.conv_seconds(small, wr) + 1e-12
+    with pytest.raises(ValueError, match="scratch"):
+        mucudnn.choose(small, 0, "wr")
+    with pytest.raises(ValueError, match="within 0 bytes"):
+        mucudnn.choose(small, 0, "wd")
+
+
+def test_measuring_configurations_leaves_no_exactness_check_for_the_run(monkeypatch):
+    """A check run inside a budgeted iteration would allocate probes the plan never counted
+    (measured: 20 MiB at small-resnet's second convolution): measuring must make every check
+    the executor will look up, for the layouts profiled (here a channel-last input)."""
+    from pooch_ext.hooks import conv_configs, split_conv
+
+    monkeypatch.setattr(split_conv, "_EXACT", {})
+    x = np.random.RandomState(0).standard_normal((4, 8, 6, 6)).astype(np.float32)
+    x = np.ascontiguousarray(x.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)
+    W = np.random.RandomState(1).standard_normal((5, 8, 3, 3)).astype(np.float32)
+    node = F.connection.convolution_2d.Convolution2DFunction(1, 1)
+    call = conv_configs.conv_call(node, (x, W))
+    device = CpuDevice()
+    try:
+        forward, _ = conv_configs.measure(call, np, device.counter)
+    finally:
+        device.restore()
+    assert forward
+    checked = dict(split_conv._EXACT)
+    for pieces, _, _ in forward:
+        fresh = F.connection.convolution_2d.Convolution2DFunction(1, 1)
+        split_conv.split(fresh, split_conv.ConvSplit(pieces, 1, 1))
+        y, = fresh.apply((chainer.Variable(x), chainer.Variable(W)))
+        assert y.shape == (4, 5, 6, 6)
+    assert split_conv._EXACT == checked
