@@ -24,7 +24,6 @@ CuPy path uses the same code with CuPy's im2col/col2im and is unverified until a
 from __future__ import annotations
 
 from dataclasses import dataclass
-from types import MethodType
 from typing import Any
 
 import numpy
@@ -38,7 +37,7 @@ from chainer.functions.connection.deconvolution_2d import Deconvolution2DFunctio
 from chainer.utils import conv
 
 from pooch_ext.analytic.splits import weight_pieces
-from pooch_ext.hooks.chainer_refs import original_compute_core, set_compute_core
+from pooch_ext.hooks.chainer_refs import WeaklyBound, original_compute_core, set_compute_core
 
 
 @dataclass(frozen=True)
@@ -84,7 +83,7 @@ def split(function: Any, config: ConvSplit, checked: bool = True) -> None:
     if config.forward > 1:
         set_compute_core(function, _forward)
     if config.input_grad > 1 or config.weight_grad > 1:
-        function.backward = MethodType(_backward, function)
+        function.backward = WeaklyBound(_backward, function)
 
 
 def _forward(self: Any, x: Any, W: Any, b: Any) -> tuple:

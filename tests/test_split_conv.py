@@ -210,3 +210,27 @@ def _compare_on_gpu(cupy):
                 assert mine.strides == theirs.strides and bool((mine == theirs).all())
             for mine, theirs in zip(_run(x, W, b, kwargs, config, checked=False), whole):
                 cupy.testing.assert_allclose(mine, theirs, rtol=1e-5, atol=1e-4)
+
+
+def test_a_split_node_and_its_arrays_go_when_the_graph_does_without_the_cycle_collector():
+    """A node holding a method bound to itself is a reference cycle: it and the arrays it
+    retains would outlive the graph until the cycle collector ran, over a tight budget."""
+    import gc
+    import weakref
+
+    x = chainer.Variable(np.random.RandomState(0).standard_normal((4, 3, 6, 6)).astype("f"))
+    W = chainer.Variable(np.random.RandomState(1).standard_normal((2, 3, 3, 3)).astype("f"))
+    node = chainer.functions.connection.convolution_2d.Convolution2DFunction(1, 1)
+    split(node, ConvSplit(2, 2, 2), checked=False)
+    gone = weakref.ref(node)
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        y, = node.apply((x, W))
+        del node
+        F.sum(y).backward()
+        del y
+        assert gone() is None
+    finally:
+        if enabled:
+            gc.enable()
