@@ -1,16 +1,12 @@
 """pooch-ext: profiling-based out-of-core training (PoocH) for Chainer 7."""
 from pathlib import Path
 
-from setuptools import setup
+from setuptools import find_packages, setup
 from setuptools.command.build_py import build_py
 
-PACKAGES = [
-    "pooch_ext",
-    "pooch_ext.commands",
-    "pooch_ext.models",
-    "pooch_ext.policies",
-    "pooch_ext.hooks",
-]
+# every package under pooch_ext/ (found, so a new one cannot be left out of a wheel), and
+# hooks/, which installs as pooch_ext.hooks (package_dir below)
+PACKAGES = find_packages(include=["pooch_ext", "pooch_ext.*"]) + ["pooch_ext.hooks"]
 
 # One line run at interpreter start-up from site-packages: it only installs a meta-path finder
 # (nothing is imported), so that ``import chainer`` works on NumPy 2 without importing pooch_ext

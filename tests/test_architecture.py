@@ -189,3 +189,17 @@ def test_a_function_over_60_lines_says_why_in_a_comment():
                 if "Long on purpose" not in head:
                     unexplained.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}")
     assert unexplained == []
+
+
+def test_an_installed_wheel_holds_every_package():
+    """setup.py's packages are what a (non-editable) install copies: a package left out
+    imports in the editable checkout and fails everywhere else (it did, on the GPU machine)."""
+    import runpy
+    from unittest import mock
+
+    with mock.patch("setuptools.setup") as setup:
+        runpy.run_path(str(ROOT / "setup.py"), run_name="setup")
+    listed = set(setup.call_args.kwargs["packages"])
+    present = {".".join(("pooch_ext", *p.parent.relative_to(ROOT / "pooch_ext").parts))
+               for p in (ROOT / "pooch_ext").rglob("__init__.py")} | {"pooch_ext.hooks"}
+    assert listed == present
