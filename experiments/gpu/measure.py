@@ -360,6 +360,10 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                         help="model:batch,... (default small-resnet:256,resnet50:160)")
     parser.add_argument("--iters", type=int, default=None, help="executed iterations per run")
     parser.add_argument("--emulate", default=None, help="link preset to throttle to (pcie3)")
+    parser.add_argument("--no-splits", action="store_true",
+                        help="PoocH without split convolutions: no convolution call is offered "
+                             "for splitting (measuring splits on probes took over 7 minutes "
+                             "for ResNet-50 b160 on an H100)")
     return parser.parse_args(argv)
 
 
@@ -392,6 +396,9 @@ def _environment(backend: Backend, cfg: Config) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
+    if args.no_splits:
+        from pooch_ext.hooks import profiler
+        profiler.conv_call = lambda function, in_data: None
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
     if args.report_only:
