@@ -54,6 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--iters", type=int, default=5)
     parser.add_argument("--profile-iters", type=int, default=2)
     parser.add_argument("--cpu", action="store_true", help="the host-simulated device")
+    parser.add_argument("--async-pool", action="store_true",
+                        help="CuPy's MemoryAsyncPool (cudaMallocAsync) instead of its MemoryPool")
     args = parser.parse_args(argv)
     profiler.conv_call = lambda function, in_data: None          # no split convolutions
     current = {"pooch": None}
@@ -69,6 +71,9 @@ def main(argv: list[str] | None = None) -> int:
         from pooch_ext.hooks.device import CupyDevice
 
         pool = cupy.get_default_memory_pool()
+        if args.async_pool:
+            pool = cupy.cuda.MemoryAsyncPool()
+            cupy.cuda.set_allocator(pool.malloc)
         used, total = (lambda: int(pool.used_bytes())), (lambda: int(pool.total_bytes()))
 
         class Unenforced(CupyDevice):
