@@ -141,11 +141,7 @@ def measure(call: ConvCall, xp: Any, counter: Any = None, repeats: int = 2
 
 
 def _probe(layout: Layout, xp: Any, seed: int) -> Any:
-    shape, strides, dtype = layout
-    like = numpy.lib.stride_tricks.as_strided(numpy.empty(1, dtype), shape, strides)
-    probe = split_conv._probe_like(like, seed) if xp is numpy else \
-        xp.asarray(split_conv._probe_like(numpy.ascontiguousarray(like), seed))
-    return probe
+    return split_conv.probe(xp, layout, seed)
 
 
 def _cost(run: Callable[[], Any], xp: Any, counter: Any, repeats: int) -> tuple[float, int]:
