@@ -5,12 +5,14 @@ While PoocH profiles, each splittable convolution's call is noted (``ConvCall``:
 attributes and its arrays' layouts, not the arrays). Building the profile then runs the
 convolution on probes of those layouts (split_conv's probes) whole and in each piece count,
 exactly as the executor would (each part split only where bit-identical here), and charges
-a configuration the measured difference to the whole: seconds, and scratch bytes where the
-device counts its allocations (the CPU device); elsewhere the scratch shrinks in proportion
-to the pieces. A part that is not exact runs whole in the measurement too, so what the
-profile lists is what the executor does. The backward's incoming gradient is probed
-C-contiguous (a fresh gradient's layout); a call whose real gradient is laid out otherwise
-is checked again when it runs (split_conv falls back to whole where not exact).
+a configuration the measured difference to the whole: seconds, and scratch bytes as the
+device counts its allocations (the CPU device's counting allocator; on a GPU, CuPy's pool
+read by a memory hook after every allocation). Without a way to count (a CPU device whose
+allocator could not be built) no configuration is offered. A part that is not exact runs
+whole in the measurement too, so what the profile lists is what the executor does. The
+backward's incoming gradient is probed C-contiguous (a fresh gradient's layout); a call whose
+real gradient is laid out otherwise is checked again when it runs (split_conv falls back to
+whole where not exact).
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ from chainer.functions.connection.deconvolution_2d import Deconvolution2DFunctio
 from pooch_ext.analytic.splits import MAX_PIECES
 from pooch_ext.hooks import split_conv
 from pooch_ext.hooks.chainer_refs import original_compute_core
+from pooch_ext.hooks.device import pool_peak_hook
 
 Layout = tuple        # (shape, strides, dtype string), split_conv._layout
 Config = tuple[int, int, float]
@@ -88,8 +91,15 @@ def measured_configs(call: ConvCall, device: Any) -> tuple[list[Config], list[Co
 def measure(call: ConvCall, xp: Any, counter: Any = None, repeats: int = 2
             ) -> tuple[list[Config], list[Config]]:
     """(forward, backward) configurations as (pieces, scratch bytes change, seconds change)
-    against whole: measured on probes with ``xp`` (NumPy or CuPy); ``counter`` (the CPU
-    device's allocation counter) measures scratch, else it is the whole's scaled."""
+    against whole: measured on probes with ``xp`` (NumPy or CuPy); scratch is measured by
+    ``counter`` (the CPU device's allocation counter) or, for CuPy, by the pool; with
+    neither, none is offered."""
+    if counter is None and xp is not numpy:
+        counter = PoolCounter(xp)
+        with counter.hook:
+            return measure(call, xp, counter, repeats)
+    if counter is None:
+        return [], []
     x, W = _probe(call.x, xp, 1), _probe(call.W, xp, 2)
     b = _probe(call.b, xp, 3) if call.b is not None else None
     n, c_in, c_out = x.shape[0], x.shape[1], W.shape[0]
@@ -132,12 +142,28 @@ def measure(call: ConvCall, xp: Any, counter: Any = None, repeats: int = 2
         configs = []
         for pieces in counts:
             seconds, scratch = _cost(runner(pieces), xp, counter, repeats)
-            if counter is None:
-                scratch = whole_b // pieces
             if scratch < whole_b:        # else a part was not exact here (ran whole)
                 configs.append((pieces, scratch - whole_b, seconds - whole_s))
         out.append(configs)
     return out[0], out[1]
+
+
+class PoolCounter:
+    """The CPU counter's ``live`` / ``reset_peak`` / ``peak`` for CuPy's default pool: its
+    used bytes, and their highest value after any allocation while ``hook`` is entered."""
+
+    def __init__(self, cupy: Any) -> None:
+        self.pool = cupy.get_default_memory_pool()
+        self.hook = pool_peak_hook(cupy)
+
+    def live(self) -> int:
+        return int(self.pool.used_bytes())
+
+    def reset_peak(self) -> None:
+        self.hook.reset()
+
+    def peak(self) -> int:
+        return int(self.hook.peak)
 
 
 def _probe(layout: Layout, xp: Any, seed: int) -> Any:

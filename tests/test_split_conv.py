@@ -234,3 +234,21 @@ def test_a_split_node_and_its_arrays_go_when_the_graph_does_without_the_cycle_co
     finally:
         if enabled:
             gc.enable()
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_split_configurations_are_measured_from_the_pool():
+    """Without the CPU counter, CuPy's pool (read after every allocation) measures what a
+    split saves: the forward's column buffer shrinks with the pieces (8x16x9x32x32 floats)."""
+    import cupy
+
+    from pooch_ext.hooks import conv_configs
+
+    x = cupy.asarray(np.random.RandomState(0).standard_normal((8, 16, 32, 32)).astype("f"))
+    W = cupy.asarray(np.random.RandomState(1).standard_normal((16, 16, 3, 3)).astype("f"))
+    node = chainer.functions.connection.convolution_2d.Convolution2DFunction(1, 1)
+    with chainer.using_config("use_cudnn", "never"):
+        forward, _ = conv_configs.measure(conv_configs.conv_call(node, (x, W)), cupy)
+    column = 8 * 16 * 9 * 32 * 32 * 4
+    saved = {pieces: -change for pieces, change, _ in forward}
+    assert saved and all(column * (1 - 1 / p) * 0.9 <= saved[p] for p in saved), saved
