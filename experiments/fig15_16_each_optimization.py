@@ -7,12 +7,13 @@ adds our local refinement. The paper does not give its batch sizes ("configured 
 sizes exceed the GPU memory capacity"); ours: ResNet-50 batch 512 (in-core 42.5 GB, 2.5x the
 capacity; the batch of Table 3) and AlexNet batch 2432, the largest multiple of 64 any plan can
 fit (in-core 21.2 GB, 1.25x): AlexNet's LocalResponseNormalization backward alone holds about
-5.8 conv1-sized arrays, so past ~2500 images nothing fits 16 GB, whatever is swapped.
+5.8 conv1-sized arrays, so past ~2500 images nothing fits 16 GB, whatever is swapped; and
+VGG-16 batch 256, the third network the paper names (in-core 17.8 GiB, 1.13x; vDNN's batch).
 
 Writes <out>/fig15_16.csv (one row per network, link and method, with ``speedup``) and
 <out>/fig15_16.png (one panel per machine, as the paper's two figures).
 
-    .venv/bin/python experiments/fig15_16_each_optimization.py [--cases resnet50:512 alexnet:2432]
+    .venv/bin/python experiments/fig15_16_each_optimization.py [--cases resnet50:512 alexnet:2432 vgg16:256]
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ import common
 import matplotlib.pyplot as plt
 
 OUT = common.RESULTS / "fig15_16"
-CASES = ("resnet50:512", "alexnet:2432")
+CASES = ("resnet50:512", "alexnet:2432", "vgg16:256")
 METHODS = ("swap-all-nosched", "swap-all", "swap-opt", "pooch-paper", "pooch")
 LABELS = {"swap-all-nosched": "swap-all (w/o sched.)", "swap-all": "swap-all",
           "swap-opt": "swap-opt", "pooch-paper": "PoocH (paper's steps)",

@@ -49,9 +49,10 @@ def cross_rows(p, plans: dict, source: str, target: str, budget) -> list[dict]:
     made = plans[source]
     if not made.feasible:
         return []
-    t = replay_time(p, made.schedule, target)
+    t = replay_time(p, made.schedule, target, made.configs)
     replayed = Plan(f"pooch-{source}-schedule", dict(made.classes), feasible=True,
-                    iteration_time_s=t, peak_bytes=replay_peak_bytes(p, made.schedule))
+                    iteration_time_s=t,
+                    peak_bytes=replay_peak_bytes(p, made.schedule, made.configs))
     resimulated = Plan(f"pooch-{source}-classes", dict(made.classes))
     resimulated = simulate_plan(p, resimulated, target, common.budget_bytes(p, budget))
     return [common.row(p, plan, target, budget, plan_link=source)

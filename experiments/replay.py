@@ -18,15 +18,20 @@ import pandas as pd
 from pooch_ext.links import Link
 from pooch_ext.profile import Profile
 from pooch_ext.sim.check import schedule_memory, validate_schedule
+from pooch_ext.sim.configs import applied
 from pooch_ext.sim.model import compile_profile
 
 
-def replay_time(profile: Profile, schedule: pd.DataFrame, link: Link | str) -> float:
-    """Iteration seconds of ``schedule`` (a Plan's, from the simulator) on ``link``."""
+def replay_time(profile: Profile, schedule: pd.DataFrame, link: Link | str,
+                configs: dict[int, int] | None = None) -> float:
+    """Iteration seconds of ``schedule`` (a Plan's, from the simulator) on ``link``, each op
+    in the configuration ``configs`` gives it (``Plan.configs``; left out: whole)."""
     problems = validate_schedule(profile, schedule)
     if problems:
         raise ValueError(f"not a sound schedule: {problems[0]}")
     model = compile_profile(profile, link)
+    dur, _ = applied(model.configs, model.configs.index_of(configs or {}), model.dur,
+                     model.peak_inc)
     by_boundary = {int(b): list(zip(g["action"], g["tensor"]))
                    for b, g in schedule.sort_values(["boundary", "order"]).groupby("boundary")}
     so_done = np.zeros(model.m)
@@ -46,10 +51,11 @@ def replay_time(profile: Profile, schedule: pd.DataFrame, link: Link | str) -> f
             elif action == "recompute":
                 t += model.rc_s[i]
         if b < model.n:
-            t += model.dur[b]
+            t += dur[b]
     return float(t)
 
 
-def replay_peak_bytes(profile: Profile, schedule: pd.DataFrame) -> int:
+def replay_peak_bytes(profile: Profile, schedule: pd.DataFrame,
+                      configs: dict[int, int] | None = None) -> int:
     """Peak device bytes of the schedule: the same on every link."""
-    return int(schedule_memory(profile, schedule)["peak_bytes"].max())
+    return int(schedule_memory(profile, schedule, configs)["peak_bytes"].max())

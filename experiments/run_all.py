@@ -31,6 +31,7 @@ EXPERIMENTS = {
     "table3": ("table3_classification", "table3"),
     "fig21_22": ("fig21_22_resnext3d", "fig21_22"),
     "beyond": ("beyond_paper", "beyond"),
+    "splits": ("split_convolutions", "splits"),
 }
 
 

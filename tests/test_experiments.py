@@ -147,10 +147,24 @@ def test_replay_matches_simulator_and_slower_link_is_slower(toy_profile):
     for policy in ("pooch", "swap-opt", "swap-all", "swap-all-nosched"):
         plan = common.classify(toy_profile, policy, "nvlink2", budget)
         assert plan.feasible and len(plan.schedule)
-        own = replay.replay_time(toy_profile, plan.schedule, "nvlink2")
+        own = replay.replay_time(toy_profile, plan.schedule, "nvlink2", plan.configs)
         assert own == pytest.approx(plan.iteration_time_s, rel=1e-12)
-        assert replay.replay_time(toy_profile, plan.schedule, "pcie3") >= own
-        assert replay.replay_peak_bytes(toy_profile, plan.schedule) == plan.peak_bytes
+        assert replay.replay_time(toy_profile, plan.schedule, "pcie3", plan.configs) >= own
+        assert replay.replay_peak_bytes(toy_profile, plan.schedule,
+                                        plan.configs) == plan.peak_bytes
+
+
+def test_replay_charges_the_plans_split_convolutions():
+    from pooch_ext.analytic.tracing import analytic_profile
+    from pooch_ext.sim.budgets import minimum_budget
+
+    profile = analytic_profile("small-resnet", 32, conv="im2col")
+    budget = minimum_budget(profile.without_configs()) - 1          # only splits fit
+    plan = common.classify(profile, "pooch", "pcie3", budget)
+    assert plan.feasible and any(pieces > 1 for pieces in plan.configs.values())
+    assert replay.replay_time(profile, plan.schedule, "pcie3", plan.configs) == \
+        pytest.approx(plan.iteration_time_s, rel=1e-12)
+    assert replay.replay_peak_bytes(profile, plan.schedule, plan.configs) == plan.peak_bytes
 
 
 def test_replay_rejects_a_broken_schedule(toy_profile):
