@@ -20,7 +20,8 @@ def _batch(shape, n_classes, batch=2, seed=0):
 
 
 def test_registry():
-    assert set(MODEL_NAMES) == {"resnet50", "alexnet", "resnext101-3d", "vgg16", "small-resnet"}
+    assert set(MODEL_NAMES) == {"resnet50", "alexnet", "resnext101-3d", "vgg16", "small-resnet",
+                                "resnet18"}
     assert default_input_size("resnext101-3d") == (3, 16, 112, 112)
     assert default_input_size("resnet50") == (3, 224, 224)
     with pytest.raises(UnknownNameError, match="known: resnet50"):
@@ -33,6 +34,7 @@ def test_registry():
 @pytest.mark.parametrize("name, size, classes", [
     ("small-resnet", (3, 32, 32), 10),
     ("resnet50", (3, 64, 64), 1000),          # global pooling: any input size runs
+    ("resnet18", (3, 64, 64), 1000),
     ("resnext101-3d", (3, 16, 32, 32), 400),
 ])
 def test_one_training_step_changes_parameters(name, size, classes):
@@ -65,6 +67,7 @@ def test_small_resnet_has_the_structures_the_executor_needs():
 @pytest.mark.slow   # builds AlexNet and VGG-16 (138M parameters) once; later tests reuse the trace
 @pytest.mark.parametrize("name, params", [
     ("resnet50", 25_557_096),       # Chainer example ResNet-50 (conv1 has a bias)
+    ("resnet18", 11_689_512),       # torchvision's
     ("alexnet", 62_378_344),
     ("vgg16", 138_357_544),
 ])

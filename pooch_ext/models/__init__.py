@@ -2,7 +2,7 @@
 
 ``get_model(name)`` builds a fresh network; ``default_input_size(name)`` is the per-sample
 input shape it was designed for ((C, H, W), or (C, T, H, W) for video). The classifier head
-of ResNet-50 / ResNeXt-101 3D / small-resnet pools globally over whatever spatial size it
+of ResNet-18 / ResNet-50 / ResNeXt-101 3D / small-resnet pools globally over whatever spatial size it
 gets, so those networks run at any input size; AlexNet and VGG-16 have fixed-size fully
 connected layers, as in the originals, and need their input size.
 """
@@ -15,6 +15,7 @@ import chainer
 
 from pooch_ext.errors import check_name
 from pooch_ext.models.alexnet import AlexNet
+from pooch_ext.models.resnet18 import ResNet18
 from pooch_ext.models.resnet50 import ResNet50
 from pooch_ext.models.resnext3d import ResNeXt101_3D
 from pooch_ext.models.small_resnet import SmallResNet
@@ -27,6 +28,7 @@ _REGISTRY: dict[str, tuple[Callable[[int], chainer.Chain], int, tuple[int, ...]]
     "resnext101-3d": (ResNeXt101_3D, 400, (3, 16, 112, 112)),
     "vgg16": (VGG16, 1000, (3, 224, 224)),
     "small-resnet": (SmallResNet, 10, (3, 32, 32)),
+    "resnet18": (ResNet18, 1000, (3, 224, 224)),
 }
 MODEL_NAMES: tuple[str, ...] = tuple(_REGISTRY)
 
