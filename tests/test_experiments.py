@@ -258,3 +258,20 @@ def test_same_results_flags_changed_cells_but_not_wall_clock_seconds(tmp_path):
     pd.DataFrame({"t": [1]}).to_csv(new / "x/b.csv", index=False)
     assert same_results.differences(new, old) == {"x/a.csv": "1 rows differ in peak",
                                                   "x/b.csv": "not in the reference"}
+
+
+def test_mucudnn_comparison_runs_from_saved_profiles(tmp_path):
+    """WD never slower than WR at the same total, undivided only where every whole kernel
+    fits, and the table rebuilt from saved profiles alone."""
+    import mucudnn_cpu
+    from pooch_ext.analytic.tracing import analytic_profile
+
+    profile = analytic_profile("small-resnet", 32, conv="im2col")
+    profile.save(tmp_path / "profiles" / "small-resnet_b32")
+    assert mucudnn_cpu.main(["--profiles", str(tmp_path / "profiles"), "--cases",
+                             "small-resnet:32", "--out-dir", str(tmp_path)]) == 0
+    frame = pd.read_csv(tmp_path / "mucudnn.csv")
+    assert len(frame) >= 2 and (tmp_path / "mucudnn.png").stat().st_size > 0
+    assert (frame.wd_s <= frame.wr_s + 1e-12).all()
+    assert frame.undivided_s.isna().iloc[0] and frame.undivided_s.notna().iloc[-1]
+    assert frame.wr_s.notna().all() and frame.limit_mib.is_monotonic_increasing
