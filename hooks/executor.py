@@ -79,6 +79,7 @@ class Executor(GraphRecorder):
         self.passive = False        # this iteration runs as plain Chainer: nothing is dropped
         self._enforce_after = False  # the device's budget is off for this iteration only
         self._in_data: tuple = ()
+        self._out_grad: tuple = ()       # the backward op's incoming gradients, while it begins
         self.profiler: Profiler | None = None     # attached while profiling (its attach())
         self.history: list[IterationStats] = []
         self.stats = IterationStats(-1)
@@ -196,6 +197,13 @@ class Executor(GraphRecorder):
         super().forward_postprocess(function, in_data)
         if self._pending is not None and self._pending[1] is function:
             self._pending_in_data = in_data
+
+    def backward_preprocess(self, function: Any, in_data: tuple, out_grad: tuple) -> None:
+        self._out_grad = out_grad
+        try:
+            super().backward_preprocess(function, in_data, out_grad)
+        finally:
+            self._out_grad = ()
 
     def backward_postprocess(self, function: Any, in_data: tuple, out_grad: tuple) -> None:
         if self.profiler is not None and self._in_backward:
@@ -323,7 +331,7 @@ class Executor(GraphRecorder):
         self.on_demand.restore_for(fwd_index)
         self.device.check("backward op", index, function)
         if self.profiler is not None:
-            self.profiler.backward_began(index, fwd_index)
+            self.profiler.backward_began(index, fwd_index, self._out_grad)
 
     def on_backward_end(self, index: int, fwd_index: int, function: Any) -> None:
         self.on_demand.put_back(index + 1)

@@ -221,13 +221,15 @@ def _measured_costs(use: list[IterationSample], k: int, j: int, calls: dict,
     ``use``: medians of times, maxima of scratch, each as the whole op would have taken where
     a sample ran it split; with its split configurations where ``configs_of`` offers some."""
     change = {s.iteration: _split_change(s, k, calls, configs_of) for s in use}
+    # a whole op's time from a split run less the split's measured change: timing noise can
+    # take it below zero (a split's change is measured on probes, once), never a real time
     row = dict(
-        duration_s=_median([s.forward_s[k] - change[s.iteration][0][1]
-                            for s in use if k in s.forward_s]),
+        duration_s=max(0.0, _median([s.forward_s[k] - change[s.iteration][0][1]
+                                     for s in use if k in s.forward_s])),
         rerun_s=(_median([s.rerun_s[k] for s in use if k in s.rerun_s])
                  if any(k in s.rerun_s for s in use) else None),
-        backward_s=_median([s.backward_s[k] - change[s.iteration][1][1]
-                            for s in use if k in s.backward_s]),
+        backward_s=max(0.0, _median([s.backward_s[k] - change[s.iteration][1][1]
+                                     for s in use if k in s.backward_s])),
         transient_bytes=max([s.scratch.get(k, 0) - change[s.iteration][0][0]
                              for s in use]) + unmodelled.get(k, 0),
         backward_transient_bytes=(max([s.scratch.get(j, 0) - change[s.iteration][1][0]

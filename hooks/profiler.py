@@ -24,7 +24,7 @@ import pandas as pd
 
 from pooch_ext.functions import RECOMPUTABLE
 from pooch_ext.hooks.allocator import AllocationLog, cupy_memory_hook, scratch_bytes
-from pooch_ext.hooks.conv_configs import conv_call
+from pooch_ext.hooks.conv_configs import conv_call, with_gradient
 from pooch_ext.hooks.executor import Executor
 from pooch_ext.hooks.function_nodes import TAG
 from pooch_ext.hooks.measured_profile import IterationSample
@@ -168,7 +168,11 @@ class Profiler:
             self._time_rerun(index, function, in_data)
         self._own_s += time.perf_counter() - began
 
-    def backward_began(self, index: int, fwd_index: int) -> None:
+    def backward_began(self, index: int, fwd_index: int, out_grad: tuple = ()) -> None:
+        call = self._conv_calls.get(fwd_index)
+        if call is not None and out_grad and out_grad[0] is not None:
+            # the gradient's layout, so the split's checks are made on it while profiling
+            self._conv_calls[fwd_index] = with_gradient(call, out_grad[0])
         self._bwd_timers[fwd_index] = (index, self._start(index))
 
     def backward_function_done(self) -> None:

@@ -206,3 +206,40 @@ def test_measuring_configurations_leaves_no_exactness_check_for_the_run(monkeypa
         y, = fresh.apply((chainer.Variable(x), chainer.Variable(W)))
         assert y.shape == (4, 5, 6, 6)
     assert split_conv._EXACT == checked
+
+
+def test_the_backward_is_measured_on_the_gradient_layout_it_really_gets(monkeypatch):
+    """A gradient laid out otherwise than the C-contiguous probe made the executor check its
+    split inside a budgeted backward op (3 MB of probes over the demo's budget): the profiler
+    notes the layout, and measuring checks exactly the parts the run will look up."""
+    from pooch_ext.hooks import conv_configs, split_conv
+
+    monkeypatch.setattr(split_conv, "_EXACT", {})
+    rng = np.random.RandomState(0)
+    x = rng.standard_normal((4, 8, 6, 6)).astype(np.float32)
+    W = rng.standard_normal((5, 8, 3, 3)).astype(np.float32)
+    gy = np.ascontiguousarray(rng.standard_normal((4, 6, 6, 5)).astype(np.float32))
+    gy = gy.transpose(0, 3, 1, 2)                        # channel-last, as after a transpose
+    node = F.connection.convolution_2d.Convolution2DFunction(1, 1)
+    call = conv_configs.with_gradient(conv_configs.conv_call(node, (x, W)), gy)
+    assert call.gy == (gy.shape, gy.strides, "<f4")
+    device = CpuDevice()
+    try:
+        _, backward = conv_configs.measure(call, np, device.counter)
+    finally:
+        device.restore()
+    checked = dict(split_conv._EXACT)
+    for pieces, _, _ in backward:
+        fresh = F.connection.convolution_2d.Convolution2DFunction(1, 1)
+        split_conv.split(fresh, split_conv.ConvSplit(1, pieces, pieces))
+        xv, Wv = chainer.Variable(x), chainer.Variable(W)
+        y, = fresh.apply((xv, Wv))
+        y.grad = gy
+        y.backward()
+    assert split_conv._EXACT == checked
+
+
+def test_the_profiler_notes_each_convolutions_incoming_gradient(runs):
+    tight = runs[5]
+    calls = [c for s in tight.pooch.profiler.samples for c in s.conv_calls.values()]
+    assert calls and all(c.gy is not None and c.gy[0][0] == c.x[0][0] for c in calls)
