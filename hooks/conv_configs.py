@@ -133,12 +133,14 @@ def measure(call: ConvCall, xp: Any, counter: Any = None, repeats: int = 2
         return run
 
     def backward(pieces: int) -> Callable[[], Any]:
-        def run() -> None:
-            if call.wants_gx:
-                split_conv._run_part(deconv, split_conv._input_gradient_pieces, (gy, W, None),
-                                     pieces, True)
-            split_conv._run_part(grad_w, split_conv._weight_gradient_pieces, (x, gy),
-                                 pieces, True)
+        def run() -> tuple:
+            # the input gradient stays alive while the weight gradient runs, as in Chainer's
+            # backward (split_conv._backward): the scratch measured is the one that runs
+            gx = split_conv._run_part(deconv, split_conv._input_gradient_pieces,
+                                      (gy, W, None), pieces, True) if call.wants_gx else None
+            gW = split_conv._run_part(grad_w, split_conv._weight_gradient_pieces, (x, gy),
+                                      pieces, True)
+            return gx, gW
         return run
 
     for node in (conv, deconv, grad_w):
