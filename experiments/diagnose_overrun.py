@@ -6,7 +6,8 @@ one 2 MB first-stage map (keep 14 / swap 6 / recompute 1) measured one such map 
 predicted during a BatchNormalization backward (op 73: 18.24 MB against 16.15 MB predicted)
 in every executed iteration; plans that swap it instead (keep 14 / swap 7) measured what was
 predicted. Per run it prints the device's peak at each check around op 73 beside the
-simulator's peak of that op, and the schedule's actions at boundaries 66-74.
+simulator's peak of that op (the device's peak is the most held since the iteration began, or since
+the last overrun it reported), and the schedule's actions at boundaries 66-74.
 
     OPENBLAS_NUM_THREADS=1 .venv/bin/python experiments/diagnose_overrun.py
 """
