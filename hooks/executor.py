@@ -277,6 +277,7 @@ class Executor(GraphRecorder):
                 self._deviate(reason)
         self._run_until(index)
         if self.mode == SCHEDULED and index in self.program.splits:
+            # the node's backward runs in its pieces too: split installs both on it here
             forward, backward = self.program.splits[index]
             split(function, ConvSplit(forward, backward, backward))
             self.stats.splits[index] = (forward, backward)
@@ -322,10 +323,6 @@ class Executor(GraphRecorder):
         if self.mode == SCHEDULED:
             self._deviate(self.program.backward_differs(self.trace, index, fwd_index))
         self._run_until(index)
-        if self.mode == SCHEDULED and index in self.program.splits:
-            forward, backward = self.program.splits[index]
-            split(function, ConvSplit(forward, backward, backward))
-            self.stats.splits[index] = (forward, backward)
         if self.mode == ON_DEMAND:
             self.on_demand.release_unreferenced()
         self.on_demand.restore_for(fwd_index)
