@@ -1,13 +1,14 @@
-"""Reproduce the open tight-budget overrun on the CPU device (see the session notes of issue 14).
+"""A tight-budget check on the CPU device: measured against predicted memory around a
+recomputation (the regression case of ``held_between_ops``, sim/memory.py rule 4).
 
 small-resnet b32, the budget 5% of the way from the smallest budget any plan reaches to the
-in-core need, policy pooch, five iterations, eight times in one process. Plans that recompute
-one 2 MB first-stage map (keep 14 / swap 6 / recompute 1) measured one such map more than
-predicted during a BatchNormalization backward (op 73: 18.24 MB against 16.15 MB predicted)
-in every executed iteration; plans that swap it instead (keep 14 / swap 7) measured what was
-predicted. Per run it prints the device's peak at each check around op 73 beside the
-simulator's peak of that op (the device's peak is the most held since the iteration began, or since
-the last overrun it reported), and the schedule's actions at boundaries 66-74.
+in-core need, policy pooch, five iterations, eight times in one process. Before the model charged
+what Chainer's backward loop holds between ops, plans that recomputed one 2 MB first-stage map
+at boundary 74 measured one such map more than predicted there (18.24 MB against 15.64-16.15
+MB) in every executed iteration, in 4 of 8 runs; after it, 0 of 8. Per run it prints the
+device's peak at each check around op 73 beside the simulator's peak of that op (the device's
+peak is the most held since the iteration began, or since the last overrun it reported), and
+the schedule's actions at boundaries 66-74.
 
     OPENBLAS_NUM_THREADS=1 .venv/bin/python experiments/diagnose_overrun.py
 """

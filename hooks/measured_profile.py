@@ -13,7 +13,7 @@ import math
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import pandas as pd
@@ -21,6 +21,7 @@ import pandas as pd
 from pooch_ext.errors import ProfileError
 from pooch_ext.links import Link
 from pooch_ext.profile import Device, Profile
+from pooch_ext.sim.model import HELD_BETWEEN_OPS
 from pooch_ext.trace import GraphTrace
 
 
@@ -41,6 +42,7 @@ class IterationSample:
     # the device's measured peak (bytes) per op, from the end of the op before it (so the
     # actions at its boundary count) to its own end; only where the device counts allocations
     peak_bytes: dict[int, int] = field(default_factory=dict)
+    entry_bytes: dict[int, int] = field(default_factory=dict)   # op -> bytes held as it starts
     schedule: pd.DataFrame | None = None    # what it did to feature maps (None: passive)
     # host seconds between the op before's end and this op's start (wall-clock timers only):
     # Chainer's and the model's Python between functions, PoocH's hooks and actions
@@ -86,9 +88,37 @@ def unmodelled_bytes(profile: Profile, samples: list[IterationSample]) -> dict[i
     depends on which maps are kept, swapped or recomputed (measured: the same per-op excess
     under in-core, swap-all and sqrt-n plans), so adding it to the op's transient bytes makes
     every plan's predicted peak the measured one (tests/test_memory_fidelity.py)."""
+    excess: dict[int, int] = {}
+    for sample, predicted in _modelled(profile, samples):
+        peaks = predicted["peak_bytes"].to_numpy()
+        for op, measured in sample.peak_bytes.items():
+            if 0 <= op < len(peaks) - 1:
+                excess[op] = max(excess.get(op, 0), int(measured - peaks[op]) + SLACK_BYTES)
+    return {op: nbytes for op, nbytes in excess.items() if nbytes > 0}
+
+
+def held_between_ops(profile: Profile, samples: list[IterationSample]) -> dict[int, int]:
+    """Per op, the most bytes by which what the device held as the op started exceeded the
+    graph model's level there (after the boundary's actions). The bookkeeping
+    ``unmodelled_bytes`` adds to an op's transient bytes is partly alive between ops already
+    (the backward loop holds an op's inputs and output gradients until the next op starts),
+    so a recomputation run at that boundary runs beside it (measured: 3 MB at small-resnet
+    b32's BatchNormalization backward, one map over a tight budget); ``sim.model`` adds it to
+    a recompute's extra memory there."""
+    excess: dict[int, int] = {}
+    for sample, predicted in _modelled(profile, samples):
+        levels = predicted["bytes"].to_numpy()
+        for op, measured in sample.entry_bytes.items():
+            if 0 <= op < len(levels) - 1:
+                excess[op] = max(excess.get(op, 0), int(measured - levels[op]))
+    return {op: nbytes for op, nbytes in excess.items() if nbytes > 0}
+
+
+def _modelled(profile: Profile, samples: list[IterationSample]) -> Iterator[tuple]:
+    """(sample, the model's memory of the schedule it ran) for each sample that ran one
+    whole on a device that counts its allocations."""
     from pooch_ext.sim.check import schedule_memory
 
-    excess: dict[int, int] = {}
     maps = set(profile.feature_maps["tensor"].tolist())
     for sample in samples:
         if not sample.peak_bytes or sample.schedule is None:
@@ -96,12 +126,7 @@ def unmodelled_bytes(profile: Profile, samples: list[IterationSample]) -> dict[i
         ran = sample.schedule
         # maps the model classifies, at the graph's boundaries (others are modelled events)
         schedule = ran[ran["tensor"].isin(maps) & (ran["boundary"] <= profile.n_ops)]
-        predicted = schedule_memory(profile, schedule, _ran_configs(profile, sample))
-        predicted = predicted["peak_bytes"].to_numpy()
-        for op, measured in sample.peak_bytes.items():
-            if 0 <= op < len(predicted) - 1:
-                excess[op] = max(excess.get(op, 0), int(measured - predicted[op]) + SLACK_BYTES)
-    return {op: nbytes for op, nbytes in excess.items() if nbytes > 0}
+        yield sample, schedule_memory(profile, schedule, _ran_configs(profile, sample))
 
 
 def runtime_seconds(samples: list[IterationSample], n_fwd: int) -> dict[int, float]:
@@ -295,6 +320,9 @@ def build_profile(samples: list[IterationSample], device: Device, link: Link, re
     if unmodelled:
         info["unmodelled_bytes"] = [list(item) for item in sorted(unmodelled.items())]
         profile = build()
+    held = held_between_ops(profile, use)
+    if held:
+        profile.meta[HELD_BETWEEN_OPS] = [list(item) for item in sorted(held.items())]
     if measured_swaps:
         _use_measured_swap_times(profile, use)
     if between:

@@ -67,6 +67,7 @@ class Profiler:
         self._own_before: dict[int, float] = {}
         self._scratch: dict[int, int] = {}    # op window -> measured scratch bytes
         self._peaks: dict[int, int] = {}      # op window -> measured device peak
+        self._entry: dict[int, int] = {}      # op window -> device bytes held as it starts
         self._gap_peak = 0
         self._window_live = 0
 
@@ -118,6 +119,8 @@ class Profiler:
         if counter is not None:
             self._gap_peak = counter.window()   # since the op before ended: this boundary
             self._window_live = counter.live()
+            self._entry[window] = max(self._entry.get(window, 0),
+                                      device.held(self._window_live))
             counter.reset_window()
         self._own_before[window] = self._own_s + (time.perf_counter() - began)
         self._own_s = 0.0
@@ -186,6 +189,8 @@ class Profiler:
         self._fwd_timers = {k - n_ops: v for k, v in self._fwd_timers.items() if k >= n_ops}
         self._scratch = {k - n_ops: v for k, v in self._scratch.items() if k >= n_ops}
         self._peaks = {k - n_ops: v for k, v in self._peaks.items() if k >= n_ops}
+        self._entry = {k - n_ops: v for k, v in self._entry.items() if k >= n_ops}
+        self._conv_calls = {k - n_ops: v for k, v in self._conv_calls.items() if k >= n_ops}
         self._saved = {k - n_ops: v for k, v in self._saved.items() if k >= n_ops}
         self._rerun_timers = {k - n_ops: v for k, v in self._rerun_timers.items() if k >= n_ops}
         self._own_before = {k - n_ops: v for k, v in self._own_before.items() if k >= n_ops}
@@ -282,6 +287,7 @@ class Profiler:
         sample.allocations = list(self.log.events)
         if counts:
             sample.peak_bytes = dict(self._peaks)
+            sample.entry_bytes = dict(self._entry)
         sample.schedule = self._ran_schedule()
         return sample
 

@@ -194,3 +194,28 @@ def test_each_action_costs_compute_its_measured_host_seconds(toy_profile):
     costs = {action: 1e-3 for action in ("swap_out", "release", "swap_in", "wait", "free")}
     costly, charged = timed("swap-all", costs)
     assert base < costly <= base + 1e-3 * len(charged) + 1e-12
+
+
+def test_bytes_held_between_ops_are_charged_beside_a_recompute_run_there():
+    """A measured profile's held_between_ops (Chainer's backward loop holding an op's inputs
+    and gradients until the next op starts) runs beside a recomputation at that boundary:
+    the engine and the independent checker both charge it there, and nowhere else."""
+    from pooch_ext.analytic.tracing import analytic_profile
+    from pooch_ext.policies import classify
+
+    from pooch_ext.sim.budgets import budget_between
+
+    profile = analytic_profile("small-resnet", 8)
+    plan = classify(profile, budget_between(profile, 0.2), "sqrt-n")
+    points = sorted(set(plan.schedule.boundary[plan.schedule.action == "recompute"]))
+    assert points
+    before = schedule_memory(profile, plan.schedule, plan.configs).peak_bytes.to_numpy()
+    held = 1 << 30                       # more than any op's own peak: it must show
+    profile.meta["held_between_ops"] = [[int(b), held] for b in points]
+    after = schedule_memory(profile, plan.schedule, plan.configs).peak_bytes.to_numpy()
+    changed = np.flatnonzero(after != before)
+    assert set(changed) == set(points) and (after[changed] > before[changed] + held // 2).all()
+    again = simulate_plan(profile, Plan("again", dict(plan.classes)))
+    assert again.peak_bytes == int(schedule_memory(profile, again.schedule,
+                                                   again.configs).peak_bytes.max())
+    assert again.peak_bytes >= held

@@ -186,7 +186,7 @@ def schedule_memory(profile: Profile, schedule: pd.DataFrame,
         elif action in ("swap_in", "recompute"):
             change[b] += model.nbytes[i]
             if action == "recompute":
-                extra[b] = max(extra[b], model.rc_extra[i])
+                extra[b] = max(extra[b], model.rc_extra[i] + model.between[b])
     level = levels_from_changes(model.base_level, change)
     return pd.DataFrame({"boundary": np.arange(n + 1), "bytes": level,
                          "peak_bytes": tops(level, peak_inc, extra)})

@@ -14,8 +14,10 @@ holds above it while it runs (its temporaries, or a recompute's chain run at b).
    every return (swap-in, recompute), is a schedule action at a boundary. So a map occupies
    its bytes over half-open boundary intervals [start, end) (``occupy``), and a plan's level
    is the level with every map alive from its producer on, less what the actions take away.
-4. A recompute at boundary b needs the extra memory of its chain while it runs: the op's top
-   is the level plus the larger of the op's own peak and that extra (``tops``).
+4. A recompute at boundary b needs the extra memory of its chain while it runs, beside what
+   a measured profile says is held between ops there and the level lacks (``held_between_ops``:
+   Chainer's backward loop keeps an op's inputs and gradients until the next op starts): the
+   op's top is the level plus the larger of the op's own peak and that extra (``tops``).
 
 The host side (swapped maps' host copies) has its own, simpler rule: ``model.host_level``.
 The profile's in-core curve (``Profile.memory_curve``, written by ``builder``) is rule 2 with

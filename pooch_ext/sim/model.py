@@ -71,11 +71,16 @@ class SimModel:
     link: Link
     act_s: dict[str, float] = field(default_factory=dict)   # host seconds per action kind
     configs: OpConfigs = field(default_factory=lambda: OpConfigs(np.zeros(0, np.int64), [], [], []))
+    # (n+1,) bytes held between ops that the level lacks, measured (Profile.meta's
+    # held_between_ops; zeros for analytic profiles): beside a recompute run at that boundary
+    between: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
 
     @property
     def m(self) -> int:
         return len(self.tensor)
 
+
+HELD_BETWEEN_OPS = "held_between_ops"    # Profile.meta key: [[op, bytes], ...] (measured)
 
 # compiled models by content (``fingerprint``), most recent last: a Profile is mutable, so
 # neither its identity nor a flag on it says whether it still holds what was compiled
@@ -90,7 +95,8 @@ def fingerprint(profile: Profile, link: Link | None) -> bytes:
     for frame in (profile.ops, profile.tensors, profile.memory):
         digest.update(pickle.dumps(frame, protocol=pickle.HIGHEST_PROTOCOL))
     digest.update(repr((profile.resident_bytes, profile.link, link,
-                        sorted(profile.action_s.items()))).encode())
+                        sorted(profile.action_s.items()),
+                        profile.meta.get(HELD_BETWEEN_OPS))).encode())
     return digest.digest()
 
 
@@ -157,10 +163,19 @@ def _compile(profile: Profile, link: Link | None) -> SimModel:
         bwd_need=bwd_need, bwd_first=np.array([v[0] for v in bwd_need], np.int64),
         bwd_end=np.array([v[-1] + 1 for v in bwd_need], np.int64),
         so_s=so_s, si_s=si_s, rc_s=fms["recompute_s"].to_numpy(float), rc_extra=rc_extra,
+        between=_held_between(profile, n),
         src_fm=src_fm, can=fms[["can_keep", "can_swap", "can_recompute"]].to_numpy(bool),
         why_not=list(fms["why_not"]), conv_bwd=conv_bwd,
         link=profile.link if link is None else link, act_s=dict(profile.action_s),
         configs=configs)
+
+
+def _held_between(profile: Profile, n: int) -> np.ndarray:
+    between = np.zeros(n + 1, np.int64)
+    for op, nbytes in profile.meta.get(HELD_BETWEEN_OPS) or []:
+        if 0 <= int(op) <= n:
+            between[int(op)] = int(nbytes)
+    return between
 
 
 def _chain_extra(profile: Profile, chain: list[int], target: int) -> int:
@@ -266,7 +281,8 @@ def recompute_extra(model: SimModel, life: Lifetimes) -> np.ndarray:
     extra = np.zeros(model.n + 1, np.int64)
     rc = np.flatnonzero(life.codes == RECOMPUTE)
     if len(rc):
-        np.maximum.at(extra, life.rc_point[rc], model.rc_extra[rc])
+        points = life.rc_point[rc]
+        np.maximum.at(extra, points, model.rc_extra[rc] + model.between[points])
     return extra
 
 
