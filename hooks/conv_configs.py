@@ -29,12 +29,13 @@ from chainer.functions.connection.convolution_2d import (Convolution2DFunction,
                                                          Convolution2DGradW)
 from chainer.functions.connection.deconvolution_2d import Deconvolution2DFunction
 
-from pooch_ext.analytic.splits import MAX_PIECES
+from pooch_ext.analytic.splits import piece_counts
 from pooch_ext.hooks import split_conv
 from pooch_ext.hooks.chainer_refs import original_compute_core
 from pooch_ext.hooks.device import pool_peak_hook
 
 Layout = tuple        # (shape, strides, dtype string), split_conv._layout
+MEASURED_FACTOR = 4   # piece counts measured: every fourth power of two (analytic: every one)
 Config = tuple[int, int, float]
 
 
@@ -72,16 +73,6 @@ def with_gradient(call: ConvCall, gy: Any) -> ConvCall:
     return dataclasses.replace(call, gy=split_conv._layout(gy))
 
 
-def piece_counts(n: int) -> list[int]:
-    """Piece counts measured for ``n`` items: 2, 8, 32, ... (each a quarter of the scratch
-    of the one before), then ``n`` itself."""
-    counts, p = [], 2
-    while p < n and p <= MAX_PIECES:
-        counts.append(p)
-        p *= 4
-    return counts + ([n] if n <= MAX_PIECES else [])
-
-
 _MEASURED: dict[tuple, tuple[list[Config], list[Config]]] = {}
 
 
@@ -108,18 +99,17 @@ def measure(call: ConvCall, xp: Any, counter: Any = None, repeats: int = 2
             return measure(call, xp, counter, repeats)
     if counter is None:
         return [], []
-    x, W = _probe(call.x, xp, 1), _probe(call.W, xp, 2)
-    b = _probe(call.b, xp, 3) if call.b is not None else None
+    x, W = split_conv.probe(xp, call.x, 1), split_conv.probe(xp, call.W, 2)
+    b = split_conv.probe(xp, call.b, 3) if call.b is not None else None
     n, c_in, c_out = x.shape[0], x.shape[1], W.shape[0]
     conv = Convolution2DFunction(call.stride, call.pad, call.cover_all, dilate=call.dilate)
     y, = original_compute_core(conv, xp)(x, W, b)
-    gy = _probe(call.gy or split_conv._layout(xp.ascontiguousarray(y)), xp, 4)
+    gy = split_conv.probe(xp, call.gy or split_conv._layout(xp.ascontiguousarray(y)), 4)
     del y
     deconv = Deconvolution2DFunction(call.stride, call.pad, outsize=x.shape[2:],
                                      dilate=call.dilate)
     deconv._calc_out_size(gy.shape, W.shape)
     grad_w = Convolution2DGradW(conv, W.shape, W.dtype, None)
-    conv.kh, conv.kw = W.shape[2:]
 
     def forward(pieces: int) -> Callable[[], Any]:
         def run() -> Any:
@@ -127,7 +117,6 @@ def measure(call: ConvCall, xp: Any, counter: Any = None, repeats: int = 2
             # the run looks up (a node that ran has output sizes its key would include)
             node = Convolution2DFunction(call.stride, call.pad, call.cover_all,
                                          dilate=call.dilate)
-            node._pooch_split = (split_conv.ConvSplit(), True)
             return split_conv._run_part(node, split_conv._forward_pieces, (x, W, b), pieces,
                                         True)
         return run
@@ -143,11 +132,10 @@ def measure(call: ConvCall, xp: Any, counter: Any = None, repeats: int = 2
             return gx, gW
         return run
 
-    for node in (conv, deconv, grad_w):
-        node._pooch_split = (split_conv.ConvSplit(), True)
     out = []
-    for runner, counts in ((forward, piece_counts(n)),
-                           (backward, piece_counts(max(n, c_in * c_out)))):
+    # 2, 8, 32, ...: each a quarter of the scratch of the one before
+    for runner, counts in ((forward, piece_counts(n, MEASURED_FACTOR)),
+                           (backward, piece_counts(max(n, c_in * c_out), MEASURED_FACTOR))):
         whole_s, whole_b = _cost(runner(1), xp, counter, repeats)
         configs = []
         for pieces in counts:
@@ -174,10 +162,6 @@ class PoolCounter:
 
     def peak(self) -> int:
         return int(self.hook.peak)
-
-
-def _probe(layout: Layout, xp: Any, seed: int) -> Any:
-    return split_conv.probe(xp, layout, seed)
 
 
 def _cost(run: Callable[[], Any], xp: Any, counter: Any, repeats: int) -> tuple[float, int]:

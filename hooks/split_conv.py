@@ -237,7 +237,7 @@ def probe(xp: Any, layout: tuple, seed: int) -> Any:
     if any(stride < 0 or stride % itemsize for stride in strides):
         raise ValueError("no probe for negative or unaligned strides")
     span = 1 + sum((dim - 1) * stride // itemsize for dim, stride in zip(shape, strides))
-    rng = (numpy if xp is numpy else xp).random.RandomState(seed)
+    rng = xp.random.RandomState(seed)
     values = (rng.standard_normal(span) * 2.0 ** rng.randint(-8, 9, span)).astype(dtype)
     return xp.lib.stride_tricks.as_strided(values, shape, strides)
 

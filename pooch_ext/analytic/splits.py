@@ -40,13 +40,14 @@ def splittable(op: OpShapes) -> bool:
             and int(op.attrs.get("groups", 1) or 1) == 1 and op.inputs[0][0] > 1)
 
 
-def piece_counts(n: int) -> list[int]:
-    """The piece counts offered for ``n`` items: powers of two from 2 while pieces stay
-    distinct, then ``n`` itself (one item each)."""
+def piece_counts(n: int, factor: int = 2) -> list[int]:
+    """The piece counts offered for ``n`` items: 2, then each ``factor`` times the one
+    before while pieces stay distinct, then ``n`` itself (one item each). Measuring on a
+    device takes every fourth power of two (hooks/conv_configs.py)."""
     counts, p = [], 2
     while p < n and p <= MAX_PIECES:
         counts.append(p)
-        p *= 2
+        p *= factor
     if n <= MAX_PIECES:
         counts.append(n)
     return counts

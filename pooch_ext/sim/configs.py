@@ -30,9 +30,6 @@ class OpConfigs:
     def __len__(self) -> int:
         return len(self.ops)
 
-    def fastest(self) -> np.ndarray:
-        return np.zeros(len(self.ops), np.int64)
-
     def pieces_of(self, chosen: np.ndarray) -> dict[int, int]:
         """op -> pieces for the chosen configurations that are not whole."""
         return {int(k): int(p[c]) for k, p, c in zip(self.ops, self.pieces, chosen)
