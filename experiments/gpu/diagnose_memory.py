@@ -1,21 +1,26 @@
-"""Where a budgeted GPU run holds more than its plan predicts: the pool's used bytes at every
-schedule boundary beside the simulator's level there, with the budget planned but not enforced.
+"""Where a budgeted GPU run holds more than its plan predicts: the pool's used bytes in every
+op beside the simulator's peak of that op, with the budget planned but not enforced.
 
     python experiments/gpu/diagnose_memory.py resnet50 160 6993853440 swap-all pooch
     python experiments/gpu/diagnose_memory.py small-resnet 8 200000 pooch --cpu   # the logic
 
 The pool limit is left off (``CupyDevice.set_budget`` records the budget only), so the run
 goes on where the real one ran out of memory. Per executed iteration it prints the program,
-the highest ``used_bytes`` after any allocation and the boundary where it happened, the
-pool's highest ``total_bytes`` (used plus cached and split-off blocks: fragmentation), and,
-for the planned iterations, the boundaries where the measured level exceeds the predicted
-peak the most. Split convolutions are off (their measurement on a GPU is too slow yet).
+the highest ``used_bytes`` after any allocation and the op where it happened (an op's
+boundary actions count with the op before it), the pool's highest ``total_bytes`` (used plus
+cached and split-off blocks: fragmentation), and, for the planned iterations, the ops whose
+measured bytes exceed their predicted peak the most. Split convolutions are off (measuring
+them on a GPU was too slow when this was written). The outputs in results/gpu/h100_diagnose/
+came from an earlier version that keyed each allocation one boundary late: read only their
+peaks and totals there, not their "most over" lines.
 """
 from __future__ import annotations
 
 import argparse
 import sys
+from contextlib import nullcontext
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -29,8 +34,9 @@ from pooch_ext.units import format_bytes  # noqa: E402
 
 
 def _recorder(pooch_of, used, total):
-    """(observe(), levels): observe() notes the used / total bytes now at the executor's
-    boundary; levels[(iteration, boundary)] = highest used there."""
+    """(observe(), levels): observe() notes the used / total bytes now against the op the
+    executor is at (the one running, or whose boundary actions run; -1 before the first);
+    levels[(iteration, op)] = highest used there."""
     levels: dict[tuple[int, int], int] = {}
     peaks = {"total": 0}
 
@@ -39,7 +45,7 @@ def _recorder(pooch_of, used, total):
         runtime = getattr(pooch, "runtime", None) if pooch is not None else None
         if runtime is None:
             return
-        key = (len(runtime.history), int(getattr(runtime, "_next_boundary", -1)))
+        key = (len(runtime.history), int(getattr(runtime, "_next_boundary", 0)) - 1)
         levels[key] = max(levels.get(key, 0), used())
         peaks["total"] = max(peaks["total"], total())
     return observe, levels, peaks
@@ -62,7 +68,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.cpu:
         from pooch_ext.hooks.device import HostSimDevice
         device_of = HostSimDevice
-        hook = None
         used = total = (lambda: 0)
     else:
         import cupy
@@ -80,9 +85,9 @@ def main(argv: list[str] | None = None) -> int:
             def set_budget(self, budget):      # planned for, never a pool limit
                 self.budget = budget
         device_of = Unenforced
-        hook = None
     for policy in args.policies:
         observe, levels, peaks = _recorder(lambda: current["pooch"], used, total)
+        hook: Any = nullcontext()
         if not args.cpu:
             class Watch(MemoryHook):
                 name = "PoochDiagnose"
@@ -96,7 +101,6 @@ def main(argv: list[str] | None = None) -> int:
                                     default_n_classes(args.model), xp=xp)
 
         def after(result, observe=observe):
-            current["pooch"] = result.pooch
             observe()
         pooch_args = dict(profile_iters=args.profile_iters, budget=args.budget, policy=policy,
                           device=device_of(), verbose=False)
@@ -109,10 +113,7 @@ def main(argv: list[str] | None = None) -> int:
             return original_enter(self)
         pooch_module.PoocH.__enter__ = enter
         try:
-            if hook is not None:
-                with hook:
-                    result = train(model, optimizer, batches, pooch_args, after_step=after)
-            else:
+            with hook:
                 result = train(model, optimizer, batches, pooch_args, after_step=after)
         finally:
             pooch_module.PoocH.__enter__ = original_enter
@@ -132,15 +133,16 @@ def main(argv: list[str] | None = None) -> int:
             print(pooch.iterations[["iteration", "program", "peak_bytes", "swap_outs",
                                     "recomputes", "on_demand"]].to_string(index=False))
         for iteration in sorted({i for i, _ in levels}):
-            here = {b: v for (i, b), v in levels.items() if i == iteration}
-            boundary = max(here, key=here.get)
-            line = (f"iteration {iteration}: used peak {format_bytes(here[boundary])} "
-                    f"({here[boundary]} B) at boundary {boundary}")
+            here = {k: v for (i, k), v in levels.items() if i == iteration}
+            op = max(here, key=here.get)
+            line = (f"iteration {iteration}: used peak {format_bytes(here[op])} "
+                    f"({here[op]} B) at op {op}")
             if predicted is not None and iteration >= args.profile_iters:
-                over = sorted(((v - int(predicted.peak_bytes.iloc[min(b, len(predicted) - 1)]),
-                                b) for b, v in here.items() if b >= 0), reverse=True)[:5]
+                # the last op also sees the update and the next iteration's start
+                over = sorted(((v - int(predicted.peak_bytes.iloc[k]), k) for k, v in here.items()
+                               if 0 <= k < len(predicted) - 2), reverse=True)[:5]
                 line += "; most over the predicted peak: " + ", ".join(
-                    f"b{b} +{format_bytes(d)}" for d, b in over)
+                    f"op {k} +{format_bytes(d)}" for d, k in over)
             print(line)
     return 0
 
