@@ -16,7 +16,7 @@ import pytest
 from conftest import branchy_builder
 from pooch_ext.errors import BudgetTooSmallError
 from pooch_ext.policies import POLICY_NAMES, get_policy
-from pooch_ext.policies.search import fill_keeps
+from pooch_ext.policies.fill_keeps import fill_keeps
 from pooch_ext.sim.model import KEEP, SWAP, codes_of, compile_profile
 from pooch_ext.sim.budgets import budget_between, fits
 from pooch_ext.sim.check import schedule_memory, validate_schedule

@@ -7,7 +7,8 @@ import pytest
 
 from pooch_ext.links import Link
 from pooch_ext.policies import get_policy
-from pooch_ext.policies.search import SearchStats, keep_swap, multi_start, refine
+from pooch_ext.policies.refine import multi_start, refine
+from pooch_ext.policies.search import SearchStats, keep_swap
 from pooch_ext.policies.sqrt_n import best_checkpoints, checkpoint_codes
 from pooch_ext.sim.model import KEEP, compile_profile, codes_of
 from pooch_ext.sim.budgets import budget_between, fits, minimum_budget, tightest_codes

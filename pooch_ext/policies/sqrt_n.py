@@ -16,6 +16,7 @@ from pooch_ext.plan import Plan
 from pooch_ext.policies.common import Context
 from pooch_ext.profile import Profile
 from pooch_ext.sim.model import SimModel
+from pooch_ext.sim.bounds import compute_floor
 from pooch_ext.sim.budgets import checkpoint_codes, fits
 from pooch_ext.sim.engine import run
 
@@ -27,13 +28,18 @@ def best_checkpoints(model: SimModel, budget: int,
     its time does not depend on the link."""
     root = max(1, round(math.sqrt(model.m)))
     last = model.m + 1 if max_spacing is None else min(max_spacing, model.m + 1)
-    best, best_time = None, math.inf
-    for spacing in sorted(range(1, last + 1), key=lambda k: (abs(k - root), k)):
-        codes = checkpoint_codes(model, spacing)
-        if fits(model, codes, budget):
-            t = run(model, codes, "early", budget).time_s
-            if t < best_time:
-                best, best_time = codes, t
+    near = {k: (abs(k - root), k) for k in range(1, last + 1)}
+    plans = [(compute_floor(model, codes), near[k], codes) for k in near
+             for codes in [checkpoint_codes(model, k)] if fits(model, codes, budget)]
+    best, best_key = None, (math.inf, (0, 0))
+    # fastest floor first; a plan whose floor is above the best time found cannot win, and
+    # with nothing swapped the floor is the time but for configurations and rounding
+    for floor, tie, codes in sorted(plans, key=lambda p: (p[0], p[1])):
+        if floor * (1 - 1e-12) > best_key[0]:
+            break
+        key = (run(model, codes, "early", budget).time_s, tie)
+        if key < best_key:
+            best, best_key = codes, key
     return best
 
 

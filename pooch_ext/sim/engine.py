@@ -226,6 +226,9 @@ class _Run:
         free_at, so_at, c_free, vdnn = self.free_at, self.so_at, self.c_free, self.vdnn
         limited = not self.unlimited
         rc_at, op_wait_at, n_queue = self.rc_at, self.op_wait_at, len(self.queue)
+        # cheap tests first (oldest copy not done; next swap-in not needed, due and released)
+        inflight, so_done, queue, first_at = self.inflight, self.so_done, self.queue, self.first_at
+        target, released = self.target, self.released
         for b in range(n + 1):
             if b == n_fwd:
                 self.forward_end = self.t
@@ -237,7 +240,7 @@ class _Run:
                 self.t += c_free * len(free_at[b])
             if b in so_at:
                 self._swap_outs(b)
-            if self.inflight or self.done_wait:
+            if self.done_wait or (inflight and so_done[inflight[0]] <= self.t + EPS):
                 self._release_done(b)
             if vdnn:
                 self._vdnn_offload_waits(b)
@@ -246,7 +249,11 @@ class _Run:
                 self.overflow = (f"op {b} ({self.model.names[b]}) needs {int(top[b])} "
                                  f"bytes with every possible release done; budget "
                                  f"{int(self.budget)}")
-            sync_now = self._swap_ins(b) if n_fwd <= b < n and self.qpos < n_queue else []
+            sync_now = []
+            if n_fwd <= b < n and self.qpos < n_queue:
+                head = queue[self.qpos]
+                if vdnn or first_at[head] == b or (target[head] <= b and released[head]):
+                    sync_now = self._swap_ins(b)
             if b in rc_at or b in op_wait_at or sync_now or self.sync_prev:   # else nothing
                 self._recomputes_and_waits(b, sync_now)
             if b < n:

@@ -149,7 +149,10 @@ def _compile(profile: Profile, link: Link | None) -> SimModel:
                          zip(fms["producer"], fms["fwd_consumers"], fms["held_until"])],
                         np.int64)
     src_fm = [[index[s] for s in srcs if s in index] for srcs in fms["recompute_sources"]]
-    rc_extra = np.array([_chain_extra(profile, list(chain), int(t))
+    tbytes = dict(zip(profile.tensors["tensor"].tolist(), profile.tensors["bytes"].tolist()))
+    op_io = tuple(dict(zip(profile.ops.index, profile.ops[c]))
+                  for c in ("inputs", "outputs", "transient_bytes"))
+    rc_extra = np.array([_chain_extra(op_io, tbytes, list(chain), int(t))
                          for chain, t in zip(fms["recompute_ops"], fms["tensor"])], np.int64)
     fwd_ops = ops["fwd_op"].to_numpy()
     conv_bwd = np.array([k for k in range(n_fwd, n) if phases[k] == "backward"
@@ -178,26 +181,27 @@ def _held_between(profile: Profile, n: int) -> np.ndarray:
     return between
 
 
-def _chain_extra(profile: Profile, chain: list[int], target: int) -> int:
+def _chain_extra(op_io: tuple[dict, ...], tbytes: dict[int, int], chain: list[int],
+                 target: int) -> int:
     """Peak bytes a recompute chain holds beyond ``target`` itself while it runs.
 
     Each chain op allocates its outputs and its transient scratch; an output is dropped as soon
-    as no later chain op reads it (the target stays).
+    as no later chain op reads it (the target stays). ``op_io``: the profile's op inputs,
+    outputs and transient bytes by op; ``tbytes``: bytes per tensor id.
     """
     if not chain:
         return 0
-    ops = profile.ops
-    tbytes = dict(zip(profile.tensors["tensor"], profile.tensors["bytes"]))
+    inputs, outputs, transient = op_io
     last_read: dict[int, int] = {}
     for pos, k in enumerate(chain):
-        for t in ops.at[k, "inputs"]:
+        for t in inputs[k]:
             last_read[t] = pos
     live: dict[int, int] = {}
     peak = 0
     for pos, k in enumerate(chain):
-        for t in ops.at[k, "outputs"]:
+        for t in outputs[k]:
             live[t] = int(tbytes[t])
-        peak = max(peak, sum(live.values()) + int(ops.at[k, "transient_bytes"]))
+        peak = max(peak, sum(live.values()) + int(transient[k]))
         for t in [t for t in live if t != target and last_read.get(t, -1) <= pos]:
             del live[t]
     return max(0, peak - int(tbytes[target]))

@@ -1,0 +1,228 @@
+"""PoocH's step 3 (ours, not the paper's): a local search on the budgeted time, from
+several starting plans (``multi_start``), within a fixed amount of simulated work.
+
+Trials whose lower bound (sim/bounds.py: the compute floor, ops, recomputes and action
+costs back to back; the link bound, the copy engines' serial work) cannot beat the best
+time are skipped without simulating. A skipped trial could not have been an improvement, so
+the search takes the same path as one that simulated every trial, only on fewer
+simulations: near in-core time most moves that add a recompute are settled by the floor,
+on slow links most that add a swap by the link.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+import time
+
+import numpy as np
+
+from pooch_ext.policies.search import Evaluator, KeepRoom, SearchStats, simulation_cost
+from pooch_ext.sim.bounds import compute_floor, in_core_time, link_bound
+from pooch_ext.sim.budgets import fits
+from pooch_ext.sim.memory import occupy
+from pooch_ext.sim.model import KEEP, RECOMPUTE, SWAP, SimModel
+
+
+# the refinement's work limit, in units of search.simulation_cost, so the time it takes is
+# about the same whatever the depth; deep networks still get MIN_REFINE_SIMULATIONS
+REFINE_WORK = 1_300_000
+MIN_REFINE_SIMULATIONS = 40
+MIN_SHARE = 20      # multi_start: the shortest first-round refinement worth making
+
+
+def refine_budget(model: SimModel) -> int:
+    """How many simulations the refinement may spend on ``model`` (about a second or two)."""
+    return max(MIN_REFINE_SIMULATIONS, int(REFINE_WORK / simulation_cost(model)))
+
+
+def refine(model: SimModel, codes: np.ndarray, budget: int, max_simulations: int | None = None,
+           stats: SearchStats | None = None, evaluator: Evaluator | None = None,
+           host_budget: float = math.inf) -> tuple[np.ndarray, SearchStats]:
+    """Step 3 (ours, not the paper's): local search on the budgeted time.
+
+    The two paper steps decide keep before recompute exists, so memory can end up holding
+    maps that are cheap to rebuild while expensive ones are swapped. Moves: switch a swapped
+    map to recompute or a recomputed one to swap; demote a kept map (to recompute or swap)
+    and refill the memory it frees with other maps, output side first, wherever they fit;
+    change every map of a group at once: coordinated moves no single change reaches, such as
+    keeping one map and rebuilding another instead. The groups widen in phases, each run
+    until it finds nothing: neighbouring pairs, then neighbouring triples, then, where a
+    round of them costs no more than the simulation limit (small networks), any two maps.
+    First improvement, and the scan goes on after the improving move instead of starting
+    over, so simulations go to moves not yet tried since the last change. Ends when the
+    widest phase finds nothing or ``max_simulations`` (default ``refine_budget``) new
+    simulations are spent. A given ``evaluator`` brings its own host budget.
+    """
+    started = time.perf_counter()
+    stats = stats or SearchStats()
+    ev = evaluator or Evaluator(model, budget, stats, host_budget)
+    limit = refine_budget(model) if max_simulations is None else max_simulations
+    first_simulation = ev.stats.simulations
+    best_time = ev.time(codes)
+    floor = in_core_time(model)
+    phases: list[list[tuple[int, ...]] | None] = [_windows(model, 2),
+                                                  _windows(model, 2) + _windows(model, 3)]
+    if 9 * model.m * (model.m - 1) // 2 <= limit:
+        phases.append(None)      # any two maps, built only if reached
+    for groups in phases:
+        if best_time <= floor or ev.stats.simulations - first_simulation >= limit:
+            break
+        if groups is None:
+            groups = [(i, j) for i in range(model.m) for j in range(i + 1, model.m)]
+            groups += _windows(model, 3)
+        slots = _moves(model, groups)
+        pos = since = 0
+        base = _Base(model, codes, budget)
+        while since < len(slots) and best_time > floor:
+            if ev.stats.simulations - first_simulation >= limit:
+                break
+            trial = _apply(model, base, slots[pos])
+            pos, since = (pos + 1) % len(slots), since + 1
+            if trial is None:
+                continue
+            if _cannot_beat(model, trial, best_time):
+                stats.refine_pruned += 1
+                continue
+            if not fits(model, trial, budget, ev.host_budget):
+                continue
+            t = ev.time(trial)
+            if t < best_time * (1 - 1e-9):
+                codes, best_time, since = trial, t, 0
+                base = _Base(model, codes, budget)
+    stats.refine_simulations += ev.stats.simulations - first_simulation
+    stats.seconds += time.perf_counter() - started
+    return codes, stats
+
+
+def _windows(model: SimModel, width: int) -> list[tuple[int, ...]]:
+    """Every run of ``width`` neighbouring maps (in tensor order)."""
+    return [tuple(range(lo, lo + width)) for lo in range(model.m - width + 1)]
+
+
+def _moves(model: SimModel, groups: list[tuple[int, ...]]) -> list[tuple]:
+    """Every move of the refinement in scan order; whether one applies depends on the classes.
+
+    ("flip", i): swap <-> recompute; ("demote", i, c): a kept map to class c, then refill
+    (cheapest rebuilds first); ("group", maps, combo): each of ``maps`` takes its class in
+    ``combo`` (applies only where every one of them changes).
+    """
+    slots: list[tuple] = [("flip", int(i)) for i in np.argsort(-model.tensor)]
+    cheapest = sorted(range(model.m),
+                      key=lambda j: model.rc_s[j] if model.can[j, RECOMPUTE] else math.inf)
+    slots += [("demote", i, c) for i in cheapest for c in (RECOMPUTE, SWAP)]
+    combos = {}
+    for group in groups:
+        width = len(group)
+        if width not in combos:
+            combos[width] = list(itertools.product((KEEP, SWAP, RECOMPUTE), repeat=width))
+        slots += [("group", group, combo) for combo in combos[width]]
+    return slots
+
+
+class _Base:
+    """The classes the refinement moves from, and their keep room (made when first asked:
+    a demotion to swap changes no lifetime, so its room is this one less the map's hole)."""
+
+    def __init__(self, model: SimModel, codes: np.ndarray, budget: int) -> None:
+        self.model, self.codes, self.budget = model, codes, budget
+        self._room: KeepRoom | None = None
+
+    def room(self) -> KeepRoom:
+        if self._room is None:
+            self._room = KeepRoom(self.model, self.codes, self.budget)
+        return self._room
+
+
+def _apply(model: SimModel, base: _Base, move: tuple) -> np.ndarray | None:
+    """The classes after ``move`` from ``base.codes``, or None where it does not apply."""
+    kind, codes = move[0], base.codes
+    if kind == "flip":
+        i = move[1]
+        new = {SWAP: RECOMPUTE, RECOMPUTE: SWAP}.get(int(codes[i]))
+        if new is None or not model.can[i, new]:
+            return None
+        trial = codes.copy()
+        trial[i] = new
+        return trial
+    if kind == "demote":
+        i, new = move[1], move[2]
+        if codes[i] != KEEP or not model.can[i, new]:
+            return None
+        trial = codes.copy()
+        trial[i] = new
+        if new == SWAP:
+            room = base.room()
+            top = room.top.copy()
+            occupy(top, room.lo[i], room.hi[i], -int(model.nbytes[i]))
+            return _refill(model, trial, {i}, room, top)
+        room = KeepRoom(model, trial, base.budget)
+        return _refill(model, trial, {i}, room, room.top)
+    group, combo = move[1], move[2]
+    if any(codes[j] == c or not model.can[j, c] for j, c in zip(group, combo)):
+        return None
+    trial = codes.copy()
+    trial[list(group)] = combo
+    return trial
+
+
+def multi_start(model: SimModel, seeds: dict[str, np.ndarray | None], budget: int,
+                max_simulations: int | None = None, stats: SearchStats | None = None,
+                host_budget: float = math.inf) -> tuple[np.ndarray, SearchStats]:
+    """Refine several starting plans; the fastest result wins.
+
+    A local search ends in the local optimum of the basin it starts in, and which basin the
+    paper's steps land in depends on the link: on slow links they start from all-swap and
+    keep maps whose swaps nothing can hide, far from a good plan. Seeds from other regions
+    (a recompute-only checkpoint plan, whose time does not depend on the link at all) give
+    starting points a slower link does not spoil. The simulations are shared out in two
+    rounds: every seed (fastest first) gets a short refinement of ``limit / (2 x seeds)``,
+    then the best result so far gets all that is left. A seed's own time says little about
+    its basin (the checkpoint plan often starts fastest and ends slowest), a short
+    refinement says much more, but not one of fewer than MIN_SHARE simulations (deep
+    networks): then the fastest seed gets the whole limit.
+    """
+    stats = stats or SearchStats()
+    ev = Evaluator(model, budget, stats, host_budget)
+    limit = refine_budget(model) if max_simulations is None else max_simulations
+    ready = {name: codes for name, codes in seeds.items() if codes is not None}
+    stats.seed_times = {name: ev.time(codes) for name, codes in ready.items()}
+    spent = stats.refine_simulations
+    share = limit // (2 * max(1, len(ready)))
+    order = sorted(ready, key=lambda k: stats.seed_times[k])
+    if share < MIN_SHARE:       # too little to tell basins apart: all on the fastest seed
+        order, share = order[:1], limit
+    best, best_time = None, math.inf
+    for name in order:
+        codes, _ = refine(model, ready[name], budget, share, stats, ev)
+        t = ev.time(codes)
+        if best is None or t < best_time:
+            best, best_time, stats.seed = codes, t, name
+        if best_time <= in_core_time(model):
+            return best, stats
+    left = limit - (stats.refine_simulations - spent)
+    if best is not None and left > 0:
+        best, _ = refine(model, best, budget, left, stats, ev)
+    if best is None:
+        raise ValueError("multi_start needs at least one seed that is not None")
+    return best, stats
+
+
+def _refill(model: SimModel, codes: np.ndarray, exclude: set[int], room: KeepRoom,
+            top: np.ndarray) -> np.ndarray:
+    """Switch non-kept maps to keep, output side first, wherever the memory allows
+    (``top``: the tightest memory of ``codes``, laid out by ``room``)."""
+    codes = codes.copy()
+    order = np.argsort(-model.tensor)
+    for i in order[(codes[order] != KEEP) & model.can[order, KEEP]].tolist():
+        if i not in exclude and room.fits_keep(top, i):
+            top = room.keep(top, i)
+            codes[i] = KEEP
+    return codes
+
+
+def _cannot_beat(model: SimModel, codes: np.ndarray, best_time: float) -> bool:
+    """Whether ``codes`` cannot improve on ``best_time`` by refine's margin: a lower bound
+    of its time (up to rounding; the compute floor first, it is cheaper) is already there."""
+    limit = best_time * (1 - 1e-9)
+    return (compute_floor(model, codes) * (1 - 1e-12) >= limit
+            or link_bound(model, codes) * (1 - 1e-12) >= limit)

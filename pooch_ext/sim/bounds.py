@@ -1,0 +1,67 @@
+"""Lower bounds on a plan's iteration time that need no simulation.
+
+The compute engine runs every op, every recompute and the runtime's host work for each
+action one after another, and waits only add to that; so their sum bounds the budgeted
+(and the budget-free) time from below whatever the copies do (``compute_floor``). The copy
+engines give a second bound (``link_bound``): a budget only delays copies. The searches use it to skip
+simulating plans that cannot beat the best found, and it is exact for plans that swap
+nothing and have no convolution configurations to choose (sqrt-n's checkpoint plans).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from pooch_ext.sim.model import RECOMPUTE, SWAP, SimModel, lifetimes
+
+
+def in_core_time(model: SimModel) -> float:
+    """Every op back to back at its fastest configuration (with rounding slack): no plan can
+    be faster."""
+    return float(model.dur.sum()) * (1 + 1e-12)
+
+
+def compute_floor(model: SimModel, codes: np.ndarray) -> float:
+    """The compute engine's own work under classes ``codes``: ops at their fastest
+    configuration, each recompute, and the host seconds of the actions every schedule of
+    them takes (a swap-out and a swap-in per swapped map, a recompute per rebuilt map)."""
+    rebuilt = codes == RECOMPUTE
+    swapped = int(np.count_nonzero(codes == SWAP))
+    act = model.act_s
+    host = (swapped * (act.get("swap_out", 0.0) + act.get("swap_in", 0.0))
+            + int(np.count_nonzero(rebuilt)) * act.get("recompute", 0.0))
+    return float(model.dur.sum()) + float(model.rc_s[rebuilt].sum()) + host
+
+
+def link_bound(model: SimModel, codes: np.ndarray) -> float:
+    """A lower bound from the copy engines, memory ignored: swap-outs in producer order,
+    each after its producer's forward end at the earliest; swap-ins in first-need order,
+    each after its swap-out and the forward pass; every op from a map's first need on runs
+    after its swap-in. Exact for nothing, but it sees the stalls a slow link forces, which
+    the compute floor does not."""
+    swapped = np.flatnonzero(codes == SWAP)
+    if not len(swapped):
+        return 0.0
+    n_fwd = model.n_fwd
+    fwd_end = np.cumsum(model.dur[:n_fwd])
+    by_producer = swapped[np.lexsort((swapped, model.producer[swapped]))]
+    so_done = _serial_done(fwd_end[model.producer[by_producer]], model.so_s[by_producer])
+    first = lifetimes(model, codes).first
+    done_of = dict(zip(by_producer.tolist(), so_done.tolist()))
+    by_need = swapped[np.lexsort((swapped, first[swapped]))]
+    ready = np.maximum(np.array([done_of[i] for i in by_need.tolist()]),
+                       float(fwd_end[-1]) if n_fwd else 0.0)
+    si_done = _serial_done(ready, model.si_s[by_need])
+    after = np.concatenate([np.cumsum(model.dur[::-1])[::-1], [0.0]])   # ops from b on
+    return float((si_done + after[first[by_need]]).max())
+
+
+def _serial_done(ready: np.ndarray, seconds: np.ndarray) -> np.ndarray:
+    """End times of copies on one engine, in order, each starting when ready and after the
+    previous one: a max-plus scan."""
+    total = np.cumsum(seconds)
+    return total + np.maximum.accumulate(ready - (total - seconds))
+
+
+def lower_bound(model: SimModel, codes: np.ndarray) -> float:
+    """The larger of ``compute_floor`` and ``link_bound``."""
+    return max(compute_floor(model, codes), link_bound(model, codes))

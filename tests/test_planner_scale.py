@@ -1,0 +1,192 @@
+"""The planner at scale: lower bounds that are bounds, pruning that changes no decision, the
+paper's recompute loop where it is affordable and bounded work where it is not, one
+simulation to fill a plan that is already at in-core time, and sweeps that are monotone in
+the budget and in the link's speed."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from pooch_ext.analytic.synthetic import chain_profile, random_profile
+from pooch_ext.links import Link
+from pooch_ext.policies import get_policy, recompute as recompute_module, refine as refine_module
+from pooch_ext.policies.fill_keeps import fill_keeps
+from pooch_ext.policies.recompute import recompute_step
+from pooch_ext.policies.refine import refine
+from pooch_ext.policies.search import SearchStats, keep_swap, tree_depth
+from pooch_ext.policies.sweep import classify_budgets, classify_links
+from pooch_ext.sim.batch import variant_times
+from pooch_ext.sim.bounds import compute_floor, lower_bound
+from pooch_ext.sim.budgets import budget_between, checkpoint_codes, fits, least_peak, tightest_codes
+from pooch_ext.sim.engine import EPS, run
+from pooch_ext.sim.model import KEEP, RECOMPUTE, SWAP, codes_of, compile_profile
+
+GB = 1e9
+
+
+def random_codes(model, rng, p=(0.3, 0.5, 0.2)):
+    codes = rng.choice([KEEP, SWAP, RECOMPUTE], size=model.m, p=list(p))
+    return np.where(model.can[np.arange(model.m), codes], codes, KEEP)
+
+
+def budgeted_time(model, codes, budget) -> float:
+    result = run(model, codes, "early", budget)
+    return result.time_s if result.feasible else math.inf
+
+
+@pytest.mark.parametrize("seed", [0, 4, 9])
+def test_lower_bounds_never_exceed_the_simulated_time(seed):
+    profile = random_profile(seed, n_layers=20)
+    rng = np.random.default_rng(seed)
+    for link in ("pcie3", Link("slow", 1 * GB, 2 * GB, 1e-4)):
+        model = compile_profile(profile, link)
+        for _ in range(15):
+            codes = random_codes(model, rng)
+            for budget in (math.inf, least_peak(model, codes)):
+                t = run(model, codes, "early", budget).time_s
+                assert lower_bound(model, codes) <= t * (1 + 1e-12)
+    # with nothing swapped and no configurations the compute floor is the time itself
+    model = compile_profile(profile)
+    codes = checkpoint_codes(model, 3)
+    assert compute_floor(model, codes) == pytest.approx(run(model, codes).time_s, rel=1e-12)
+
+
+def test_pruning_changes_no_decision_of_the_refinement(monkeypatch):
+    profile = random_profile(8, n_layers=12)
+    budget = budget_between(profile, 0.25)
+    model = compile_profile(profile, Link("2GB/s", 2 * GB, 2 * GB))
+    start = tightest_codes(model)
+    pruned_stats = SearchStats()
+    pruned, _ = refine(model, start, budget, max_simulations=10**6, stats=pruned_stats)
+    assert pruned_stats.refine_pruned > 0
+    monkeypatch.setattr(refine_module, "_cannot_beat", lambda *args: False)
+    full_stats = SearchStats()
+    full, _ = refine(model, start, budget, max_simulations=10**6, stats=full_stats)
+    assert np.array_equal(pruned, full)
+    assert pruned_stats.refine_simulations < full_stats.refine_simulations
+
+
+def paper_recompute_loop(model, codes, budget):
+    """The paper's step 2 written out plainly: every r fresh every round, one move."""
+    codes = codes.copy()
+    pool = [i for i in range(model.m) if codes[i] == SWAP and model.can[i, 2] and model.can[i, 0]]
+    while pool:
+        current = run(model, codes, "early", math.inf).time_s
+        times = variant_times(model, codes, [(i, c) for i in pool for c in (KEEP, RECOMPUTE)])
+        ratio = {}
+        for k, i in enumerate(pool):
+            over = current - times[2 * k]
+            ratio[i] = (times[2 * k + 1] - times[2 * k]) / over if over > EPS else math.inf
+        pool = [i for i in pool if ratio[i] < 1.0]
+        moved = False
+        for i in sorted(pool, key=lambda j: ratio[j]):
+            pool.remove(i)
+            trial = codes.copy()
+            trial[i] = RECOMPUTE
+            if fits(model, trial, budget):
+                codes, moved = trial, True
+                break
+        if not moved:
+            break
+    return codes
+
+
+@pytest.mark.parametrize("seed,fraction", [(0, 0.2), (3, 0.1), (5, 0.4)])
+def test_recompute_step_runs_the_papers_loop_where_it_is_affordable(seed, fraction):
+    profile = random_profile(seed, n_layers=24)
+    budget = budget_between(profile, fraction)
+    model = compile_profile(profile, Link("4GB/s", 4 * GB, 4 * GB))
+    kept, _ = keep_swap(model, budget)
+    ours, _ = recompute_step(model, kept, budget)
+    assert np.array_equal(ours, paper_recompute_loop(model, kept, budget))
+
+
+def deep_chain(n=300, seed=0):
+    """A chain whose swaps saturate pcie3: recomputation pays, moves interact."""
+    rng = np.random.default_rng(seed)
+    return chain_profile(rng.uniform(1e-4, 3e-4, n).tolist(), nbytes=[4 << 20] * n, link="pcie3")
+
+
+def test_recompute_step_beyond_its_exact_limit_does_bounded_work_that_pays(monkeypatch):
+    profile = deep_chain()
+    budget = budget_between(profile, 0.3)
+    model = compile_profile(profile)
+    kept, _ = keep_swap(model, budget)
+    exact = paper_recompute_loop(model, kept, budget)
+    monkeypatch.setattr(recompute_module, "EXACT_WORK", 0)
+    stats = SearchStats()
+    lazy, _ = recompute_step(model, kept, budget, stats=stats)
+    assert fits(model, lazy, budget)
+    assert set(np.flatnonzero(lazy != kept)) <= set(np.flatnonzero(kept == SWAP))
+    assert (lazy[lazy != kept] == RECOMPUTE).all()
+
+    def free(codes):
+        return run(model, codes, "early", math.inf).time_s
+
+    assert free(lazy) < free(kept)
+    assert free(lazy) <= free(exact) * 1.01          # the lazy choices are nearly the paper's
+    # far fewer rounds than the paper's one per move, and a cap that holds
+    monkeypatch.setattr(recompute_module, "RECOMPUTE_WORK", 3 * model.n)
+    capped = SearchStats()
+    recompute_step(model, kept, budget, stats=capped)
+    assert capped.recompute_rounds < stats.recompute_rounds
+
+
+def test_filling_a_plan_at_in_core_time_takes_one_simulation():
+    profile = random_profile(2, n_layers=40)
+    model = compile_profile(profile, Link("instant", 1e15, 1e15, 0))
+    budget = budget_between(profile, 0.9)
+    codes = np.where(model.can[:, SWAP], SWAP, KEEP)
+    assert budgeted_time(model, codes, budget) <= model.dur.sum() * (1 + 1e-9)
+    stats = SearchStats()
+    filled, _ = fill_keeps(model, codes, budget, stats=stats)
+    assert stats.simulations <= 2 and (filled == KEEP).sum() > (codes == KEEP).sum()
+
+
+def test_the_keep_swap_tree_gets_shallower_as_networks_get_deeper():
+    small = compile_profile(random_profile(0, n_layers=30))
+    deep = compile_profile(deep_chain(1500))
+    assert tree_depth(small) == 8 and 1 <= tree_depth(deep) < 8
+
+
+def test_pooch_is_never_slower_than_a_plan_it_is_given():
+    profile = random_profile(6, n_layers=16)
+    budget = budget_between(profile, 0.3)
+    given = get_policy("superneurons").classify(profile, budget, "pcie3")
+    plan = get_policy("pooch").classify(profile, budget, "pcie3", seeds=[given])
+    assert plan.iteration_time_s <= given.iteration_time_s * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("seed", [1, 7])
+def test_a_fixed_plan_is_never_slower_with_more_budget_or_a_faster_link(seed):
+    profile = random_profile(seed, n_layers=16)
+    rng = np.random.default_rng(seed)
+    for _ in range(6):
+        model = compile_profile(profile, "pcie3")
+        codes = random_codes(model, rng)
+        low = least_peak(model, codes)
+        times = [run(model, codes, "early", int(b)).time_s
+                 for b in np.linspace(low, profile.incore_peak_bytes * 1.05, 25)]
+        assert all(b <= a * (1 + 1e-12) for a, b in zip(times, times[1:]))
+        times = [run(compile_profile(profile, Link("x", g * GB, g * GB)), codes, "early",
+                     max(low, budget_between(profile, 0.5))).time_s for g in (1, 2, 4, 8, 32)]
+        assert all(b <= a * (1 + 1e-12) for a, b in zip(times, times[1:]))
+
+
+def test_budget_and_link_sweeps_are_monotone():
+    profile = random_profile(3, n_layers=14)
+    budgets = [budget_between(profile, f) for f in np.linspace(0.02, 1.0, 14)]
+    plans = classify_budgets(profile, budgets[::-1], "pcie3")[::-1]      # any order given
+    times = [p.iteration_time_s for p in plans]
+    assert all(p.feasible for p in plans)
+    assert all(b <= a * (1 + 1e-9) for a, b in zip(times, times[1:]))
+    for plan, budget in zip(plans, budgets):
+        assert plan.budget_bytes == budget
+    links = [Link(f"{g}GB/s", g * GB, g * GB) for g in (0.5, 1, 2, 3, 4, 6, 8, 12, 16)]
+    plans = classify_links(profile, links, budget_between(profile, 0.15))
+    times = [p.iteration_time_s for p in plans]
+    assert [p.link for p in plans] == [link.name for link in links]
+    assert all(b <= a * (1 + 1e-9) for a, b in zip(times, times[1:]))
+    assert codes_of(compile_profile(profile), plans[0].classes) is not None
