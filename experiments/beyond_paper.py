@@ -1,4 +1,5 @@
-"""Beyond the paper: today's hosts, classification time against depth, and link speed.
+"""Beyond the paper: today's hosts and link speed (classification time against depth:
+experiments/planner_scale.py).
 
 1. ``hosts``: the ResNet-50 batch sweep and the ResNeXt-101 3D input-size sweep on an H100
    (cost-model preset ``h100``: 80 GB, 67 TFLOP/s FP32, 3.35 TB/s) behind PCIe gen5 (63 GB/s)
@@ -6,27 +7,20 @@
    the 80 GB. Convolutions are charged as cuDNN, as in the paper's reproduction, so the only
    change from Figures 17-22 is the hardware (our executor runs im2col on CuPy 14, which
    moves ~4x the column buffer and would slow every method alike; ``--conv im2col`` shows it).
-2. ``layers``: how long PoocH's classification takes against the number of forward ops
-   ("layers"), on this machine's CPU: the paper's networks at out-of-core sizes, and seeded
-   random CNN-like graphs (``pooch_ext.analytic.synthetic``) of 32 to 2048 layers at a budget 40% of
-   the way from their minimum to their in-core peak, on pcie3 (where the search works
-   hardest). The paper: about 2 minutes for ResNeXt-101 (346 forward ops in our trace).
-3. ``bandwidth``: the keep / swap / recompute mix of PoocH as the link gets faster relative to
+2. ``bandwidth``: the keep / swap / recompute mix of PoocH as the link gets faster relative to
    compute: ResNet-50 at 2.5x the memory (V100 batch 512, H100 batch 2432), link bandwidth
    4..512 GB/s per direction. The x axis of the right-hand plots is the link-to-compute ratio
    R = bandwidth x in-core iteration time / feature-map bytes: how many times the link could
    carry every feature map during one in-core iteration; if R is what matters, both GPUs fall
    on one curve.
 
-Writes <out>/hosts.csv + hosts.png, <out>/layers.csv + layers.png, <out>/bandwidth.csv +
-bandwidth.png.
+Writes <out>/hosts.csv + hosts.png, <out>/bandwidth.csv + bandwidth.png.
 
-    .venv/bin/python experiments/beyond_paper.py [--parts hosts layers bandwidth]
+    .venv/bin/python experiments/beyond_paper.py [--parts hosts bandwidth]
 """
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 
 import pandas as pd
@@ -37,17 +31,11 @@ import fig17_20_batch_sweep as batch_sweep
 import fig21_22_resnext3d as resnext
 import matplotlib.pyplot as plt
 from pooch_ext.links import PRESETS, Link
-from pooch_ext.sim.budgets import budget_between
-from pooch_ext.analytic.synthetic import random_profile
 
 OUT = common.RESULTS / "beyond"
 GPU = "h100"
 HOST_LINKS = ("pcie5", "c2c")
 GB = 1e9
-PAPER_CLASSIFY_S = 120.0   # "about 2 minutes even for resnext101 with >300 layers"
-# networks of the paper at out-of-core sizes on the 16 GB V100: (model, batch, input size)
-REAL = (("alexnet", 2432, None), ("vgg16", 256, None), ("resnet50", 512, None),
-        ("resnext101-3d", 1, "3x128x448x448"))
 BANDWIDTH_CASES = (("v100-16gb", 512), ("h100", 2432))
 
 
@@ -93,70 +81,7 @@ def plot_hosts(table: pd.DataFrame, path: Path) -> None:
     common.save(fig, path)
 
 
-# ---------------------------------------------------------------- 2. classification time
-def _timed(p, budget: int, link: str, repeat: int) -> dict:
-    """Seconds (best of ``repeat``) and feasibility of pooch and pooch-paper on ``p``."""
-    out = {}
-    for name in ("pooch", "pooch-paper"):
-        seconds = []
-        for _ in range(repeat):
-            started = time.perf_counter()
-            plan = common.classify(p, name, link, budget)
-            seconds.append(time.perf_counter() - started)
-        out[f"{name}_seconds"] = min(seconds)
-        out[f"{name}_feasible"] = plan.feasible
-    return out
-
-
-def layers(depths: list[int], seeds: int, repeat: int, real=REAL) -> pd.DataFrame:
-    """Classification seconds of the paper's networks and of random graphs of each depth."""
-    rows = []
-    jobs = [("real", m, b, s) for m, b, s in real] + \
-           [("synthetic", n, seed, None) for n in depths for seed in range(seeds)]
-    for kind, a, b, size in tqdm(jobs, desc="layers", unit="net", leave=False):
-        if kind == "real":
-            p = common.profile(a, b, size)
-            budget, name = int(p.device.capacity_bytes), a
-        else:
-            p = random_profile(b, a)
-            budget, name = budget_between(p, 0.4), f"random-{a}"
-        rows.append({"kind": kind, "network": name, "forward_ops": len(p.forward_ops),
-                     "ops": p.n_ops, "feature_maps": len(p.feature_maps), "link": "pcie3",
-                     "budget_bytes": budget, "incore_peak_bytes": p.incore_peak_bytes,
-                     **_timed(p, budget, "pcie3", repeat)})
-    return pd.DataFrame(rows)
-
-
-def plot_layers(table: pd.DataFrame, path: Path) -> None:
-    """Classification seconds against forward ops (log-log), the paper's 2 minutes marked."""
-    fig, ax = plt.subplots(figsize=(7, 4.6))
-    syn = table[table.kind == "synthetic"].groupby("forward_ops", as_index=False).median(
-        numeric_only=True)
-    for name, style in (("pooch", "pooch"), ("pooch-paper", "pooch-paper")):
-        color, marker = common.STYLE[style]
-        ax.plot(syn.forward_ops, syn[f"{name}_seconds"], marker=marker, color=color, ls="--",
-                label=f"{name}: random CNN-like graphs (median)")
-        real = table[table.kind == "real"]
-        ax.plot(real.forward_ops, real[f"{name}_seconds"], marker=marker, color=color, ls="none",
-                ms=9, mec="black", label=f"{name}: the paper's networks")
-    for r in table[table.kind == "real"].itertuples():
-        ax.annotate(r.network, (r.forward_ops, r.pooch_seconds), textcoords="offset points",
-                    xytext=(5, 5), fontsize=7)
-    rx = table[table.network == "resnext101-3d"]
-    x = rx.forward_ops.iloc[0] if len(rx) else 346
-    ax.plot([x], [PAPER_CLASSIFY_S], "*", color="purple", ms=14,
-            label="paper: ~2 min for ResNeXt-101")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("forward ops (layers)")
-    ax.set_ylabel("classification seconds (this machine's CPU)")
-    ax.set_title("PoocH classification time against network depth (pcie3)")
-    ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=7)
-    common.save(fig, path)
-
-
-# ---------------------------------------------------------------- 3. link bandwidth
+# ---------------------------------------------------------------- 2. link bandwidth
 def bandwidth(gbps: list[float], cases=BANDWIDTH_CASES,
               budget: str | int | None = None) -> pd.DataFrame:
     """PoocH's and superneurons' plans as the link's bandwidth grows, with class fractions."""
@@ -224,20 +149,14 @@ def plot_bandwidth(table: pd.DataFrame, path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = common.parser(__doc__, OUT)
-    ap.add_argument("--parts", nargs="+", default=["hosts", "layers", "bandwidth"],
-                    choices=["hosts", "layers", "bandwidth"])
+    ap.add_argument("--parts", nargs="+", default=["hosts", "bandwidth"],
+                    choices=["hosts", "bandwidth"])
     ap.add_argument("--batches", type=common.ints, default=list(range(512, 4097, 512)),
                     help="ResNet-50 batches on the H100 (default 512..4096)")
     ap.add_argument("--sides", type=common.ints, default=list(range(448, 1345, 128)),
                     help="ResNeXt-101 3D H = W with 128 frames on the H100 (default 448..1344)")
     ap.add_argument("--links", nargs="+", type=common.link_name, default=list(HOST_LINKS))
     ap.add_argument("--conv", default=common.PAPER_CONV, choices=["cudnn", "im2col"])
-    ap.add_argument("--depths", type=common.ints, default=[32, 64, 128, 256, 512, 1024, 2048],
-                    help="layers of the random graphs")
-    ap.add_argument("--seeds", type=int, default=2, help="random graphs per depth")
-    ap.add_argument("--repeat", type=int, default=2, help="timed runs per network (min kept)")
-    ap.add_argument("--real", nargs="*", default=None,
-                    help="the paper's networks to time (default all four)")
     ap.add_argument("--gbps", type=float, nargs="+",
                     default=[4, 8, 12, 16, 24, 32, 48, 63, 75, 96, 128, 192, 256, 450],
                     help="link bandwidths per direction, GB/s")
@@ -250,14 +169,6 @@ def main(argv: list[str] | None = None) -> int:
         plot_hosts(table, paths[-1])
         print(common.markdown(common.by_policy(table, ["model", "batch", "input_size", "link"],
                                                "relative")))
-    if "layers" in args.parts:
-        real = REAL if args.real is None else tuple(r for r in REAL if r[0] in args.real)
-        table = layers(args.depths, args.seeds, args.repeat, real)
-        paths.append(common.write_csv(table, args.out_dir / "layers.csv"))
-        paths.append(args.out_dir / "layers.png")
-        plot_layers(table, paths[-1])
-        print(common.markdown(table.drop(columns=["budget_bytes", "incore_peak_bytes"])
-                              .round(3)))
     if "bandwidth" in args.parts:
         table = bandwidth(args.gbps, budget=args.budget)
         paths.append(common.write_csv(table, args.out_dir / "bandwidth.csv"))

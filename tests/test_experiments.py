@@ -119,10 +119,9 @@ def test_beyond_paper(tmp_path):
     import beyond_paper as bp
 
     assert bp.main(["--out-dir", str(tmp_path), "--batches", "2048", "--sides", "960",
-                    "--links", "c2c", "--depths", "16", "--seeds", "1", "--repeat", "1",
-                    "--real", "alexnet", "--gbps", "8", "450"]) == 0
-    tables = check_outputs(tmp_path, ["hosts.csv", "layers.csv", "bandwidth.csv"],
-                           ["hosts.png", "layers.png", "bandwidth.png"])
+                    "--links", "c2c", "--gbps", "8", "450"]) == 0
+    tables = check_outputs(tmp_path, ["hosts.csv", "bandwidth.csv"],
+                           ["hosts.png", "bandwidth.png"])
     bw = tables["bandwidth.csv"]
     pooch = bw[bw.policy == "pooch"]
     fractions = pooch[["keep_fraction", "swap_fraction", "recompute_fraction"]].sum(axis=1)
@@ -131,6 +130,25 @@ def test_beyond_paper(tmp_path):
     for _, sel in pooch.groupby("gpu"):
         slow, fast = sel.sort_values("gbps").iloc[[0, -1]].itertuples()
         assert fast.relative >= slow.relative - 1e-9 and fast.recompute <= slow.recompute
+
+
+@pytest.mark.slow
+def test_planner_scale(tmp_path):
+    import planner_scale as ps
+
+    assert ps.main(["--out-dir", str(tmp_path), "--layers", "20,40", "--seeds", "1",
+                    "--repeat", "1", "--real", "alexnet", "--grid-networks", "alexnet",
+                    "--fractions", "0.8", "0.9", "--gbps", "8", "16",
+                    "--gap-fractions", "0.9"]) == 0
+    tables = check_outputs(tmp_path, ["depth.csv", "monotone.csv", "gap.csv"],
+                           ["depth.png", "monotone.png"])
+    depth = tables["depth.csv"]
+    assert set(depth.kind) == {"chain", "random", "real"} and depth.feasible.all()
+    assert (depth.relative_to_incore >= 1 - 1e-9).all()
+    monotone = tables["monotone.csv"]
+    assert (ps.violations(monotone, "sweep_s").violations == 0).all()
+    gap = tables["gap.csv"]
+    assert (gap.pooch_s >= gap.bound_s * (1 - 1e-9)).all() and (gap.bound_s > 0).all()
 
 
 @pytest.mark.slow

@@ -190,3 +190,31 @@ def test_budget_and_link_sweeps_are_monotone():
     assert [p.link for p in plans] == [link.name for link in links]
     assert all(b <= a * (1 + 1e-9) for a, b in zip(times, times[1:]))
     assert codes_of(compile_profile(profile), plans[0].classes) is not None
+
+
+@pytest.mark.parametrize("seed,fraction,link", [(0, 0.25, "pcie3"), (4, 0.6, "pcie3"),
+                                                (7, 0.25, "nvlink2")])
+def test_the_milp_bound_is_below_the_optimum_and_the_optimum_below_pooch(seed, fraction, link):
+    from pooch_ext.exact import exact_best
+    from pooch_ext.milp_bound import milp_bound
+
+    profile = random_profile(seed, n_layers=9)
+    budget = budget_between(profile, fraction)
+    model = compile_profile(profile, link)
+    bound = milp_bound(model, budget, time_limit_s=30)
+    best = exact_best(model, budget)
+    pooch = get_policy("pooch").classify(profile, budget, link)
+    assert bound.optimal
+    assert bound.bound_s <= best.time_s * (1 + 1e-9) <= pooch.iteration_time_s * (1 + 1e-9)
+    assert bound.bound_s >= model.dur.sum() * (1 - 1e-9)       # at least the compute
+    if math.isfinite(bound.plan_time_s):                         # its own plan is a plan
+        assert bound.plan_time_s >= best.time_s * (1 - 1e-9)
+
+
+def test_the_milp_bound_of_a_budget_no_plan_fits_is_infinite():
+    from pooch_ext.milp_bound import milp_bound
+    from pooch_ext.sim.budgets import minimum_budget
+
+    profile = random_profile(1, n_layers=9)
+    bound = milp_bound(compile_profile(profile), minimum_budget(profile) // 2)
+    assert bound.bound_s == math.inf

@@ -65,7 +65,7 @@ def recompute_step(model: SimModel, codes: np.ndarray, budget: int,
         moves: list[int] = []
         near: set[int] = set()      # maps a recompute of a move would read, or that read it
         trial = codes
-        for i in sorted(ratios.fresh & set(pool), key=lambda j: ratios.r[j]):
+        for i in sorted(ratios.fresh & set(pool), key=lambda j: (ratios.r[j], j)):
             if len(moves) == batch or not ratios.smallest(pool, i):
                 break               # full, or a stale value may be smaller: refresh first
             if i in near:

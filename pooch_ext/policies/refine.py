@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import math
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -25,7 +26,7 @@ from pooch_ext.sim.model import KEEP, RECOMPUTE, SWAP, SimModel
 
 # the refinement's work limit, in units of search.simulation_cost, so the time it takes is
 # about the same whatever the depth; deep networks still get MIN_REFINE_SIMULATIONS
-REFINE_WORK = 1_300_000
+REFINE_WORK = 1_000_000
 MIN_REFINE_SIMULATIONS = 40
 MIN_SHARE = 20      # multi_start: the shortest first-round refinement worth making
 
@@ -165,6 +166,17 @@ def _apply(model: SimModel, base: _Base, move: tuple) -> np.ndarray | None:
     return trial
 
 
+@dataclass
+class _Result:
+    """A seed's refinement in multi_start: its time, seed, classes, and whether it ended at
+    its share of simulations (still improving) rather than at a local optimum."""
+
+    time_s: float
+    seed: str
+    codes: np.ndarray
+    improving: bool
+
+
 def multi_start(model: SimModel, seeds: dict[str, np.ndarray | None], budget: int,
                 max_simulations: int | None = None, stats: SearchStats | None = None,
                 host_budget: float = math.inf) -> tuple[np.ndarray, SearchStats]:
@@ -176,7 +188,9 @@ def multi_start(model: SimModel, seeds: dict[str, np.ndarray | None], budget: in
     (a recompute-only checkpoint plan, whose time does not depend on the link at all) give
     starting points a slower link does not spoil. The simulations are shared out in two
     rounds: every seed (fastest first) gets a short refinement of ``limit / (2 x seeds)``,
-    then the best result so far gets all that is left. A seed's own time says little about
+    then the best result so far gets all that is left; where that ends at a local optimum
+    with simulations to spare (bounds skip many trials), the next best results that were
+    still improving get them, in order. A seed's own time says little about
     its basin (the checkpoint plan often starts fastest and ends slowest), a short
     refinement says much more, but not one of fewer than MIN_SHARE simulations (deep
     networks): then the fastest seed gets the whole limit.
@@ -185,20 +199,35 @@ def multi_start(model: SimModel, seeds: dict[str, np.ndarray | None], budget: in
     ev = Evaluator(model, budget, stats, host_budget)
     limit = refine_budget(model) if max_simulations is None else max_simulations
     ready = {name: codes for name, codes in seeds.items() if codes is not None}
+    if not ready:
+        raise ValueError("multi_start needs at least one seed that is not None")
     stats.seed_times = {name: ev.time(codes) for name, codes in ready.items()}
     spent = stats.refine_simulations
-    share = limit // (2 * max(1, len(ready)))
+    share = limit // (2 * len(ready))
     order = sorted(ready, key=lambda k: stats.seed_times[k])
     if share < MIN_SHARE:       # too little to tell basins apart: all on the fastest seed
         order, share = order[:1], limit
-    best, best_time = None, math.inf
+    found: list[_Result] = []
     for name in order:
+        before = stats.refine_simulations
         codes, _ = refine(model, ready[name], budget, share, stats, ev)
-        t = ev.time(codes)
-        if best is None or t < best_time:
-            best, best_time, stats.seed = codes, t, name
-        if best_time <= in_core_time(model):
-            return best, stats
+        found.append(_Result(ev.time(codes), name, codes,
+                             stats.refine_simulations - before >= share))
+        if found[-1].time_s <= in_core_time(model):
+            break
+    # the rest of the limit: the best result first, then, where it stopped at a local
+    # optimum with simulations left, the next best that was still improving
+    found.sort(key=lambda r: r.time_s)
+    for entry in found:
+        left = limit - (stats.refine_simulations - spent)
+        if left <= 0 or entry.time_s <= in_core_time(model):
+            break
+        if entry is found[0] or entry.improving:
+            entry.codes, _ = refine(model, entry.codes, budget, left, stats, ev)
+            entry.time_s = ev.time(entry.codes)
+    winner = min(found, key=lambda r: r.time_s)
+    stats.seed, best = winner.seed, winner.codes
+    return best, stats
     left = limit - (stats.refine_simulations - spent)
     if best is not None and left > 0:
         best, _ = refine(model, best, budget, left, stats, ev)

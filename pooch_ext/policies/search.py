@@ -106,13 +106,17 @@ class KeepRoom:
 # 3 x 2^d plans, so deep networks get a shallower tree; the paper's networks keep depth 8
 KEEP_SWAP_WORK = 1_000_000
 MAX_TREE_DEPTH = 8
+# up to this many boundaries a simulation costs about the same per boundary (the paper's
+# networks: ResNet-50 353, ResNeXt-101 3D 693); beyond, the memory updates at swaps and
+# releases (slices of every later boundary) make it grow faster
+SHALLOW = 700
 
 
 def simulation_cost(model: SimModel) -> float:
-    """What one simulation of ``model`` costs, in boundaries: the walk visits each, and the
-    memory updates at swaps and releases are slices whose length grows with depth too
-    (measured: 1.1 ms at 353 boundaries, 28 ms at 4000)."""
-    return model.n * (1 + model.n / 1000)
+    """What one simulation of ``model`` costs, in boundaries: n up to SHALLOW, n^2 / SHALLOW
+    beyond (measured per boundary: 3 us at 353 boundaries, 7 us at 4000; the extra factor
+    also keeps a 2000-layer network's search within seconds)."""
+    return model.n * max(1.0, model.n / SHALLOW)
 
 
 def tree_depth(model: SimModel) -> int:

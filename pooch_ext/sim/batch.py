@@ -106,8 +106,6 @@ def variant_times(model: SimModel, codes: np.ndarray, changes: list[tuple[int, i
     h2d_free = np.zeros(V)
     qmax = queue.shape[1] - 1 if m else 0
     for b in range(n_fwd, n):
-        if (qpos >= qlen).all():   # every swap-in issued: only waits and compute are left
-            return _issued_tail(model, b, t, si_done, rc_time, extra, src_arr, op_arr)
         # swap-ins: in queue order, when released (or forced at the first need); each round
         # advances qpos (<= qlen) of at least one variant or breaks, so it ends
         while True:
@@ -136,29 +134,3 @@ def variant_times(model: SimModel, codes: np.ndarray, changes: list[tuple[int, i
             t = np.maximum(t, si_done[:, op_arr[b]].max(axis=1))
         t = t + model.dur[b]
     return t
-
-
-def _issued_tail(model: SimModel, start: int, t: np.ndarray, si_done: np.ndarray,
-                 rc_time: np.ndarray, extra: dict, src_arr: dict, op_arr: dict) -> np.ndarray:
-    """The walk from backward boundary ``start`` on once every swap-in is issued, in closed
-    form. Each boundary b is ``t = max(t, wait_src); t += rc; t = max(t, wait_op); t += dur``,
-    a max-plus recurrence, so the end time is the largest of the start time and every wait
-    plus the compute left after it (suffix sums): no loop over boundaries."""
-    n, V = model.n, len(t)
-    work = rc_time[:, start:n] + model.dur[None, start:n]
-    left = np.cumsum(work[:, ::-1], axis=1)[:, ::-1]            # work from boundary k on
-    before = np.full((n - start, V), -np.inf)   # waits before the recompute, per boundary
-    after = np.full((n - start, V), -np.inf)    # the op's own waits, after it
-    for waits, into in ((src_arr, before), (op_arr, after)):
-        cols = [(b - start, maps) for b, maps in waits.items() if start <= b < n]
-        if cols:
-            at = np.concatenate([np.full(len(maps), k) for k, maps in cols])
-            maps = np.concatenate([maps for _, maps in cols])
-            np.maximum.at(into, at, si_done[:, maps].T)
-    for b, (variants, slots) in extra.items():
-        if start <= b < n:
-            np.maximum.at(before, (np.full(len(variants), b - start), variants),
-                          si_done[variants, slots])
-    end = t + left[:, 0]
-    end = np.maximum(end, (before.T + left).max(axis=1))
-    return np.maximum(end, (after.T + left - rc_time[:, start:n]).max(axis=1))

@@ -1,0 +1,276 @@
+"""The planner at scale (issue 15): classification time against depth, monotone sweeps, and
+pooch's distance to a proven lower bound on real networks.
+
+1. ``depth``: seconds pooch takes (best of ``--repeat``, this machine) against the number of
+   ops, on chains whose swaps saturate pcie3 (4 MiB maps, ops of 0.1-0.3 ms: recomputation
+   pays and the moves interact, the hardest case for the recompute step), on seeded random
+   CNN-like graphs with residual adds (analytic/synthetic.py) and on the paper's networks at
+   16 GiB. Chains at 0.3 and random graphs at 0.4 of the way from their minimum budget to
+   their in-core need, pcie3. Targets: 2000 layers (about 4000 ops) in <= 5 s, ResNet-50 and
+   ResNeXt-101 3D in <= 1 s.
+2. ``monotone``: pooch alone per budget and per link against the sweeps of
+   policies/sweep.py (each search seeded with its slower neighbour's plan), on budget grids
+   (fractions of the in-core need from the minimum budget on; ResNet-50 b512 and
+   ResNeXt-101 3D, pcie3 and nvlink2)
+   and a bandwidth grid (ResNet-50 at half its in-core need); counts the places where more
+   budget or a faster link gave a plan slower by more than 0.1%.
+3. ``gap``: ResNet-50 b512 at 0.3-0.9 of its in-core need, pcie3 and nvlink2: pooch against
+   the lower bound of pooch_ext/milp_bound.py (HiGHS), which no plan can beat.
+
+Writes <out>/depth.csv + depth.png, monotone.csv + monotone.png, gap.csv. The depth part
+also runs against an earlier commit's package (``PYTHONPATH=<its checkout>``, ``--label
+_before``); depth.png then shows those times too.
+
+    OPENBLAS_NUM_THREADS=1 python experiments/planner_scale.py [--parts depth monotone gap]
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from tqdm import tqdm
+
+import common
+import matplotlib.pyplot as plt
+
+OUT = common.RESULTS / "scale"
+REAL = (("alexnet", 2048, None), ("vgg16", 256, None), ("resnet50", 512, None),
+        ("resnext101-3d", 1, "3x128x448x448"))
+CHAIN_MAP_BYTES = 4 << 20
+
+
+def saturated_chain(layers: int, seed: int = 0):
+    """A chain on pcie3 whose swaps take longer than its ops (see the module docstring)."""
+    from pooch_ext.analytic.synthetic import chain_profile
+
+    rng = np.random.default_rng(seed)
+    return chain_profile(rng.uniform(1e-4, 3e-4, layers).tolist(),
+                         nbytes=[CHAIN_MAP_BYTES] * layers, link="pcie3")
+
+
+def _timed(profile, budget: int, link: str, repeat: int) -> dict:
+    from pooch_ext.policies import get_policy
+    from pooch_ext.policies.search import SearchStats
+
+    seconds = []
+    for _ in range(repeat):
+        stats = SearchStats()
+        started = time.perf_counter()
+        plan = get_policy("pooch").classify(profile, budget, link, stats=stats)
+        seconds.append(time.perf_counter() - started)
+    return {"seconds": min(seconds), "iteration_time_s": plan.iteration_time_s,
+            "relative_to_incore": plan.iteration_time_s / profile.incore_time_s,
+            "feasible": plan.feasible, "simulations": stats.simulations,
+            "recompute_rounds": stats.recompute_rounds,
+            # (absent before the bounds existed: the script also times earlier commits)
+            "refine_pruned": getattr(stats, "refine_pruned", 0)}
+
+
+def _real(names: list[str]) -> list[tuple]:
+    return [r for r in REAL if r[0] in names]
+
+
+def depth(layers: list[int], seeds: int, repeat: int, real: list[tuple]) -> pd.DataFrame:
+    """Classification seconds of chains, random graphs and the paper's networks."""
+    from pooch_ext.analytic.synthetic import random_profile
+    from pooch_ext.sim.budgets import budget_between
+
+    jobs = ([("chain", n, 0) for n in layers]
+            + [("random", n, seed) for n in layers for seed in range(seeds)]
+            + [("real", model, 0) for model in real])
+    rows = []
+    for kind, size, seed in tqdm(jobs, desc="depth", unit="net", leave=False):
+        if kind == "real":
+            model, batch, shape = size
+            p = common.profile(model, batch, shape)
+            budget, name = int(p.device.capacity_bytes), model
+        elif kind == "chain":
+            p = saturated_chain(size)
+            budget, name = budget_between(p, 0.3), f"chain-{size}"
+        else:
+            p = random_profile(seed, size)
+            budget, name = budget_between(p, 0.4), f"random-{size}-{seed}"
+        rows.append({"kind": kind, "network": name, "forward_ops": len(p.forward_ops),
+                     "ops": p.n_ops, "feature_maps": len(p.feature_maps), "link": "pcie3",
+                     "budget_bytes": budget, **_timed(p, budget, "pcie3", repeat)})
+    return pd.DataFrame(rows)
+
+
+def plot_depth(table: pd.DataFrame, path: Path, before: pd.DataFrame | None = None) -> None:
+    """Seconds against ops per kind of network; ``before`` (the same table from an earlier
+    commit) in faint colours."""
+    fig, ax = plt.subplots(figsize=(7.2, 4.6))
+    if before is not None:
+        for kind, sel in before.groupby("kind"):
+            sel = sel.groupby("ops", as_index=False).median(numeric_only=True)
+            ax.plot(sel.ops, sel.seconds, color="lightgray", marker=".",
+                    ls="none" if kind == "real" else ":",
+                    label=f"before: {kind}" if kind != "real" else "before: the paper's networks")
+    styles = {"chain": ("tab:red", "o", "--"), "random": ("tab:blue", "s", "--"),
+              "real": ("black", "D", "none")}
+    for kind, (color, marker, line) in styles.items():
+        sel = table[table.kind == kind].groupby("ops", as_index=False).median(numeric_only=True)
+        ax.plot(sel.ops, sel.seconds, color=color, marker=marker, ls=line,
+                label={"chain": "saturated chains", "random": "random CNN-like graphs (median)",
+                       "real": "AlexNet, VGG-16, ResNet-50, ResNeXt-101 3D (16 GiB)"}[kind])
+    ax.axhline(5, color="gray", lw=0.8, ls=":")
+    ax.axhline(1, color="gray", lw=0.8, ls=":")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("ops (forward + backward)")
+    ax.set_ylabel("pooch classification seconds")
+    ax.set_title("Classification time against depth (pcie3; dotted: 1 s and 5 s)")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
+    common.save(fig, path)
+
+
+def monotone(fractions: list[float], gbps: list[float], real: list[tuple]) -> pd.DataFrame:
+    """pooch alone and the sweeps over the budget grids (each of ``real`` on each link) and
+    the bandwidth grid (the first of ``real`` at half its in-core need)."""
+    from pooch_ext.links import Link
+    from pooch_ext.policies import get_policy
+    from pooch_ext.policies.sweep import classify_budgets, classify_links
+    from pooch_ext.sim.budgets import budget_between, minimum_budget
+
+    rows = []
+    cases = [(model, batch, shape, link) for model, batch, shape in real
+             for link in common.PAPER_LINKS]
+    for model, batch, shape, link in tqdm(cases, desc="budget grids", leave=False):
+        p = common.profile(model, batch, shape)
+        grid = [(f, int(f * p.incore_peak_bytes)) for f in fractions
+                if f * p.incore_peak_bytes >= minimum_budget(p)]
+        alone = [get_policy("pooch").classify(p, b, link) for _, b in grid]
+        swept = classify_budgets(p, [b for _, b in grid], link)
+        rows += [{"grid": "budget", "network": model, "link": link, "x": f,
+                  "budget_bytes": b, "alone_s": a.iteration_time_s, "sweep_s": s.iteration_time_s}
+                 for (f, b), a, s in zip(grid, alone, swept)]
+    model, batch, shape = real[0]
+    p = common.profile(model, batch, shape)
+    budget = int(0.5 * p.incore_peak_bytes)
+    if budget < minimum_budget(p):              # (AlexNet: its minimum is above half)
+        budget = budget_between(p, 0.5)
+    links = [Link(f"{g:g}GB/s", g * 1e9, g * 1e9) for g in gbps]
+    alone = [get_policy("pooch").classify(p, budget, link) for link in tqdm(
+        links, desc="bandwidth grid", leave=False)]
+    swept = classify_links(p, links, budget)
+    rows += [{"grid": "bandwidth", "network": model, "link": link.name, "x": g,
+              "budget_bytes": budget, "alone_s": a.iteration_time_s, "sweep_s": s.iteration_time_s}
+             for g, link, a, s in zip(gbps, links, alone, swept)]
+    return pd.DataFrame(rows)
+
+
+def violations(table: pd.DataFrame, column: str, tolerance: float = 1e-3) -> pd.DataFrame:
+    """Per grid: steps to more budget / a faster link whose plan is slower by > tolerance."""
+    out = []
+    for (grid, network, link), sel in table.groupby(
+            ["grid", "network", table.link.where(table.grid == "budget", "")], sort=False):
+        times = sel.sort_values("x")[column].to_numpy()
+        worse = times[1:] / times[:-1] - 1
+        out.append({"grid": grid, "network": network, "link": link, "steps": len(worse),
+                    "violations": int((worse > tolerance).sum()),
+                    "worst": float(max(0.0, worse.max())) if len(worse) else 0.0})
+    return pd.DataFrame(out)
+
+
+def plot_monotone(table: pd.DataFrame, path: Path) -> None:
+    grids = list(dict.fromkeys(zip(table.grid, table.network,
+                                   table.link.where(table.grid == "budget", ""))))
+    fig, axes = plt.subplots(1, len(grids), figsize=(3.4 * len(grids), 3.4), squeeze=False)
+    for ax, (grid, network, link) in zip(axes[0], grids):
+        sel = table[(table.grid == grid) & (table.network == network)]
+        if grid == "budget":
+            sel = sel[sel.link == link]
+        ax.plot(sel.x, sel.alone_s, "o-", ms=3, color="tab:gray", label="pooch alone")
+        ax.plot(sel.x, sel.sweep_s, "D-", ms=3, color="tab:blue", label="sweep (seeded)")
+        ax.set_title(f"{network} {link or '0.5 in-core'}", fontsize=9)
+        ax.set_xlabel("budget / in-core" if grid == "budget" else "GB/s per direction")
+        if grid == "bandwidth":
+            ax.set_xscale("log", base=2)
+            ticks = [g for g in (2, 4, 8, 16, 32, 64) if sel.x.min() <= g <= sel.x.max()]
+            ax.set_xticks(ticks, [f"{g:g}" for g in ticks])
+            ax.minorticks_off()
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("predicted iteration (s)")
+    axes[0][0].legend(fontsize=7)
+    common.save(fig, path)
+
+
+def gap(fractions: list[float], time_limit_s: float) -> pd.DataFrame:
+    """pooch against the MILP lower bound on ResNet-50 b512."""
+    from pooch_ext.milp_bound import milp_bound
+    from pooch_ext.policies import get_policy
+    from pooch_ext.sim.model import compile_profile
+
+    p = common.profile("resnet50", 512)
+    rows = []
+    for link in tqdm(common.PAPER_LINKS, desc="gap", leave=False):
+        model = compile_profile(p, link)
+        for f in fractions:
+            budget = int(f * p.incore_peak_bytes)
+            plan = get_policy("pooch").classify(p, budget, link)
+            bound = milp_bound(model, budget, time_limit_s)
+            rows.append({"network": "resnet50", "batch": 512, "link": link, "fraction": f,
+                         "budget_bytes": budget, "incore_s": p.incore_time_s,
+                         "pooch_s": plan.iteration_time_s, "bound_s": bound.bound_s,
+                         "bound_optimal": bound.optimal,
+                         "gap": plan.iteration_time_s / bound.bound_s - 1,
+                         "bound_plan_s": bound.plan_time_s, "bound_seconds": bound.seconds})
+    return pd.DataFrame(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--parts", nargs="+", default=["depth", "monotone", "gap"],
+                    choices=["depth", "monotone", "gap", "plots"],
+                    help="plots: redraw depth.png and monotone.png from the CSVs")
+    ap.add_argument("--layers", type=common.ints, default=[50, 125, 250, 500, 1000, 2000])
+    ap.add_argument("--real", nargs="+", default=[r[0] for r in REAL],
+                    choices=[r[0] for r in REAL], help="the paper's networks to time")
+    ap.add_argument("--grid-networks", nargs="+", default=["resnet50", "resnext101-3d"],
+                    choices=[r[0] for r in REAL], help="networks of the budget grids")
+    ap.add_argument("--seeds", type=int, default=2, help="random graphs per depth")
+    ap.add_argument("--repeat", type=int, default=2, help="timed classifications per network")
+    ap.add_argument("--fractions", type=float, nargs="+",
+                    default=[round(f, 3) for f in np.arange(0.3, 0.951, 0.025)],
+                    help="budget grid, fractions of the in-core need")
+    ap.add_argument("--gbps", type=float, nargs="+",
+                    default=[2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64])
+    ap.add_argument("--gap-fractions", type=float, nargs="+",
+                    default=[0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9])
+    ap.add_argument("--time-limit", type=float, default=120.0, help="seconds per bound solve")
+    ap.add_argument("--out-dir", type=Path, default=OUT)
+    ap.add_argument("--label", default="", help="suffix of depth.csv (depth_before.csv: an "
+                    "earlier commit's planner, drawn faintly in depth.png)")
+    args = ap.parse_args(argv)
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    if "depth" in args.parts:
+        table = depth(args.layers, args.seeds, args.repeat, _real(args.real))
+        common.write_csv(table, args.out_dir / f"depth{args.label}.csv")
+        print(table[["network", "ops", "seconds", "relative_to_incore"]].to_string(index=False))
+    if ("depth" in args.parts or "plots" in args.parts) and not args.label:
+        before = args.out_dir / "depth_before.csv"
+        plot_depth(pd.read_csv(args.out_dir / "depth.csv"), args.out_dir / "depth.png",
+                   pd.read_csv(before) if before.exists() else None)
+    if "monotone" in args.parts:
+        table = monotone(args.fractions, args.gbps, _real(args.grid_networks))
+        common.write_csv(table, args.out_dir / "monotone.csv")
+    if "monotone" in args.parts or "plots" in args.parts:
+        table = pd.read_csv(args.out_dir / "monotone.csv")
+        plot_monotone(table, args.out_dir / "monotone.png")
+        for column in ("alone_s", "sweep_s"):
+            print(f"{column}:\n{violations(table, column).to_string(index=False)}")
+    if "gap" in args.parts:
+        table = gap(args.gap_fractions, args.time_limit)
+        common.write_csv(table, args.out_dir / "gap.csv")
+        print(table[["link", "fraction", "pooch_s", "bound_s", "gap", "bound_optimal"]]
+              .to_string(index=False))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,141 @@
+"""A proven lower bound on the best plan of a real network: a mixed-integer relaxation of
+keep / swap / recompute with the copy engines' timing, solved by HiGHS (scipy.optimize.milp).
+
+pooch is a heuristic and the exact search (exact.py) stops at about 16 feature maps. This
+bound reaches ResNet-50 (105 maps) in seconds. One binary per (map, class), one continuous
+iteration time T, and only constraints that every plan's simulated time obeys, so the
+optimum of the program is at most the best plan's time (the gap of pooch to it is an upper
+bound of pooch's distance to the optimum):
+
+* memory, at every boundary: each map present from its producer to its last forward read
+  and from its first backward need to its final drop, plus, if kept, the hole between
+  (the simulator's tightest memory, ``static_top(minimal=True)``; the recompute chains' own
+  scratch and the earlier needs a recompute gives its sources are left out, which only
+  lowers memory);
+* compute: every op and every recompute, back to back (sim/bounds.compute_floor);
+* each swapped map: forward up to its producer, its swap-out, its swap-in (not before the
+  backward pass starts), then every op from its first backward need on;
+* the copy engines, one copy at a time: for every forward boundary p and backward boundary
+  q, the swapped maps made after p and needed by q send all their swap-outs between the
+  time compute reaches p and the time it must resume at q (the same for swap-ins, which
+  start after the forward pass).
+
+Action costs and the engines' exact queue order are left out (they only add time). The
+program's plan is simulated too: where it fits it is a real plan and an upper bound.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.optimize import Bounds, LinearConstraint, milp
+from scipy.sparse import coo_matrix
+
+from pooch_ext.sim.budgets import fits
+from pooch_ext.sim.engine import run
+from pooch_ext.sim.model import KEEP, RECOMPUTE, SWAP, SimModel, lifetimes, static_top
+
+
+@dataclass
+class MilpBound:
+    """The bound (seconds), whether the program was solved to optimality (else the solver's
+    dual bound at its time limit), the program's own plan and its simulated time (inf where
+    it does not fit), and the seconds the solve took."""
+
+    bound_s: float
+    optimal: bool
+    codes: np.ndarray
+    plan_time_s: float
+    seconds: float
+    rows: int
+
+
+def milp_bound(model: SimModel, budget: int, time_limit_s: float = 120.0) -> MilpBound:
+    """The lower bound of every plan's iteration time for ``model`` under ``budget`` bytes
+    (the solver's dual bound where ``time_limit_s`` ends the solve first)."""
+    started = time.perf_counter()
+    m, n, n_fwd = model.m, model.n, model.n_fwd
+    width = 3 * m + 1 + (n + 1 - n_fwd)         # classes, T, arrival at each backward boundary
+    rows = _time_rows(model)
+    memory, room = _memory_rows(model, budget)
+    can = model.can.astype(float)
+    upper = np.concatenate([can[:, KEEP], can[:, SWAP], can[:, RECOMPUTE],
+                            np.full(width - 3 * m, math.inf)])
+    cost = np.zeros(width)
+    cost[3 * m] = 1.0
+    result = milp(c=cost, integrality=np.r_[np.ones(3 * m), np.zeros(width - 3 * m)],
+                  bounds=Bounds(np.zeros(width), upper),
+                  constraints=[
+                      LinearConstraint(_sparse(rows, width), [low for _, low in rows], np.inf),
+                      LinearConstraint(_sparse(memory, width), -np.inf, room),
+                      LinearConstraint(_sparse([({i: 1.0, m + i: 1.0, 2 * m + i: 1.0}, 1.0)
+                                                for i in range(m)], width), 1.0, 1.0)],
+                  options={"time_limit": time_limit_s, "disp": False})
+    seconds = time.perf_counter() - started
+    if result.x is None:
+        if result.status == 2:                  # infeasible: no plan fits at all
+            return MilpBound(math.inf, True, np.full(m, SWAP), math.inf, seconds, len(rows))
+        raise RuntimeError(f"the bound's program was not solved: {result.message}")
+    codes = np.argmax(np.round(result.x[:3 * m]).reshape(3, m), axis=0).astype(np.int64)
+    plan_time = (run(model, codes, "early", budget).time_s if fits(model, codes, budget)
+                 else math.inf)
+    optimal = result.status == 0
+    bound = float(result.fun) if optimal else float(getattr(result, "mip_dual_bound", math.nan))
+    return MilpBound(bound, optimal, codes, plan_time, seconds, len(rows) + n + 1)
+
+
+Rows = list[tuple[dict[int, float], float]]     # ({column: coefficient}, lower bound)
+
+
+def _time_rows(model: SimModel) -> Rows:
+    """The timing constraints (columns: keep, swap, recompute per map, T, then the compute's
+    arrival at each backward boundary)."""
+    m, n, n_fwd = model.m, model.n, model.n_fwd
+    reached = np.concatenate([[0.0], np.cumsum(model.dur)])     # compute at boundary b
+    produced = model.producer + 1               # swap-out starts (boundary)
+    needed = model.bwd_first                    # first backward need, itself a bound
+    T = 3 * m
+    A = T + 1 - n_fwd                           # A + b: compute arrives at boundary b >= n_fwd
+    # compute: T >= all ops + the recomputes, and the backward pass op by op
+    rows: Rows = [({T: 1.0, **{2 * m + i: -float(model.rc_s[i]) for i in range(m)}},
+                   float(reached[-1])), ({A + n_fwd: 1.0}, float(reached[n_fwd]))]
+    rows += [({A + b + 1: 1.0, A + b: -1.0}, float(model.dur[b])) for b in range(n_fwd, n)]
+    rows.append(({T: 1.0, A + n: -1.0}, 0.0))
+    # each swapped map: forward to its producer, out, in after the forward pass, its op
+    for i in np.flatnonzero(model.can[:, SWAP]):
+        q = int(needed[i])
+        ready = max(reached[n_fwd], reached[produced[i]] + model.so_s[i]) + model.si_s[i]
+        rows.append(({A + q + 1: 1.0, m + i: -float(ready)}, float(model.dur[q])))
+    # the copy engines, one copy at a time
+    for q in np.unique(needed):
+        maps = np.flatnonzero(needed <= q)
+        rows.append(({A + q + 1: 1.0, A + n_fwd: -1.0,
+                      **{m + int(i): -float(model.si_s[i]) for i in maps}}, float(model.dur[q])))
+        for p in np.unique(produced[maps]):
+            inside = maps[produced[maps] >= p]
+            rows.append(({A + q + 1: 1.0, **{m + int(i): -float(model.so_s[i]) for i in inside}},
+                         float(reached[p] + model.dur[q])))
+    return rows
+
+
+def _memory_rows(model: SimModel, budget: int) -> tuple[Rows, np.ndarray]:
+    """Per boundary: each kept map's hole, and the room the tightest level with no map kept
+    leaves under ``budget``."""
+    _, top = static_top(model, lifetimes(model, np.full(model.m, SWAP)), minimal=True)
+    memory: list[dict[int, float]] = [{} for _ in range(model.n + 1)]
+    for i in range(model.m):
+        for b in range(int(model.last_fwd[i]) + 1, int(model.bwd_first[i])):
+            memory[b][i] = float(model.nbytes[i])
+    return [(cols, 0.0) for cols in memory], budget - top.astype(float)
+
+
+def _sparse(rows: Rows, width: int) -> coo_matrix:
+    """The rows' coefficients as one sparse matrix."""
+    r, c, v = [], [], []
+    for k, (cols, _) in enumerate(rows):
+        r += [k] * len(cols)
+        c += list(cols)
+        v += list(cols.values())
+    return coo_matrix((v, (r, c)), shape=(len(rows), width))
