@@ -19,7 +19,9 @@ from pooch_ext.policies.search import SearchStats, keep_swap, tree_depth
 from pooch_ext.policies.sweep import classify_budgets, classify_links
 from pooch_ext.sim.batch import variant_times
 from pooch_ext.sim.bounds import compute_floor, lower_bound
-from pooch_ext.sim.budgets import budget_between, checkpoint_codes, fits, least_peak, tightest_codes
+from pooch_ext.errors import BudgetTooSmallError
+from pooch_ext.sim.budgets import (budget_between, checkpoint_codes, fits, least_peak,
+                                   minimum_budget, tightest_codes)
 from pooch_ext.sim.engine import EPS, run
 from pooch_ext.sim.model import KEEP, RECOMPUTE, SWAP, codes_of, compile_profile
 
@@ -184,12 +186,16 @@ def test_budget_and_link_sweeps_are_monotone():
     assert all(b <= a * (1 + 1e-9) for a, b in zip(times, times[1:]))
     for plan, budget in zip(plans, budgets):
         assert plan.budget_bytes == budget
-    links = [Link(f"{g}GB/s", g * GB, g * GB) for g in (0.5, 1, 2, 3, 4, 6, 8, 12, 16)]
+    speeds = [0.5, 1, 2, 3, 4, 6, 8, 12, 16]
+    links = [Link(f"{g}GB/s", g * GB, g * GB) for g in speeds[::2] + speeds[1::2]]   # shuffled
     plans = classify_links(profile, links, budget_between(profile, 0.15))
-    times = [p.iteration_time_s for p in plans]
-    assert [p.link for p in plans] == [link.name for link in links]
+    assert [p.link for p in plans] == [link.name for link in links]     # in the order given
+    by_speed = sorted(zip(links, plans), key=lambda lp: lp[0].d2h_bytes_per_s)
+    times = [p.iteration_time_s for _, p in by_speed]
     assert all(b <= a * (1 + 1e-9) for a, b in zip(times, times[1:]))
     assert codes_of(compile_profile(profile), plans[0].classes) is not None
+    with pytest.raises(BudgetTooSmallError):
+        classify_budgets(profile, [budgets[0], minimum_budget(profile) - 1], "pcie3")
 
 
 @pytest.mark.parametrize("seed,fraction,link", [(0, 0.25, "pcie3"), (4, 0.6, "pcie3"),
@@ -213,7 +219,6 @@ def test_the_milp_bound_is_below_the_optimum_and_the_optimum_below_pooch(seed, f
 
 def test_the_milp_bound_of_a_budget_no_plan_fits_is_infinite():
     from pooch_ext.milp_bound import milp_bound
-    from pooch_ext.sim.budgets import minimum_budget
 
     profile = random_profile(1, n_layers=9)
     bound = milp_bound(compile_profile(profile), minimum_budget(profile) // 2)

@@ -43,7 +43,8 @@ def classify(profile: Profile, budget: int | str | None = None, link: Link | str
     """The PoocH plan ("pooch-paper" without the refinement); ``stats`` (optional) receives
     the search's counters. ``seeds``: plans of the same profile to refine from as well (for
     example the plan for a smaller budget or a slower link: policies/sweep.py); the result
-    is never slower here than any of them that fits, since the refinement only improves."""
+    is never slower here than any of them that fits, since the refinement only improves
+    (``refine=False`` has no refinement and ignores them)."""
     ctx = Context(profile, budget, link, "pooch" if refine else "pooch-paper", host_budget)
     host = ctx.host_budget
     stats = stats if stats is not None else SearchStats()
