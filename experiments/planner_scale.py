@@ -14,8 +14,9 @@ pooch's distance to a proven lower bound on real networks.
    ResNeXt-101 3D, pcie3 and nvlink2)
    and a bandwidth grid (ResNet-50 at half its in-core need); counts the places where more
    budget or a faster link gave a plan slower by more than 0.1%.
-3. ``gap``: ResNet-50 b512 at 0.3-0.9 of its in-core need, pcie3 and nvlink2: pooch against
-   the lower bound of pooch_ext/milp_bound.py (HiGHS), which no plan can beat.
+3. ``gap``: ResNet-50 b512 and ResNeXt-101 3D at 0.3-0.9 of their in-core need (from the
+   minimum budget on), pcie3 and nvlink2: pooch against the lower bound of
+   pooch_ext/milp_bound.py (HiGHS), which no plan can beat.
 
 Writes <out>/depth.csv + depth.png, monotone.csv + monotone.png, gap.csv. The depth part
 also runs against an earlier commit's package (``PYTHONPATH=<its checkout>``, ``--label
@@ -200,21 +201,26 @@ def plot_monotone(table: pd.DataFrame, path: Path) -> None:
     common.save(fig, path)
 
 
-def gap(fractions: list[float], time_limit_s: float) -> pd.DataFrame:
-    """pooch against the MILP lower bound on ResNet-50 b512."""
+def gap(fractions: list[float], time_limit_s: float, real: list[tuple]) -> pd.DataFrame:
+    """pooch against the MILP lower bound, each of ``real`` on each link, at the budgets of
+    ``fractions`` of its in-core need that are not below its minimum."""
     from pooch_ext.milp_bound import milp_bound
     from pooch_ext.policies import get_policy
+    from pooch_ext.sim.budgets import minimum_budget
     from pooch_ext.sim.model import compile_profile
 
-    p = common.profile("resnet50", 512)
     rows = []
-    for link in tqdm(common.PAPER_LINKS, desc="gap", leave=False):
+    cases = [(net, link) for net in real for link in common.PAPER_LINKS]
+    for (name, batch, shape), link in tqdm(cases, desc="gap", leave=False):
+        p = common.profile(name, batch, shape)
         model = compile_profile(p, link)
         for f in fractions:
             budget = int(f * p.incore_peak_bytes)
+            if budget < minimum_budget(p):
+                continue
             plan = get_policy("pooch").classify(p, budget, link)
             bound = milp_bound(model, budget, time_limit_s)
-            rows.append({"network": "resnet50", "batch": 512, "link": link, "fraction": f,
+            rows.append({"network": name, "batch": batch, "link": link, "fraction": f,
                          "budget_bytes": budget, "incore_s": p.incore_time_s,
                          "pooch_s": plan.iteration_time_s, "bound_s": bound.bound_s,
                          "bound_optimal": bound.optimal,
@@ -232,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--real", nargs="+", default=[r[0] for r in REAL],
                     choices=[r[0] for r in REAL], help="the paper's networks to time")
     ap.add_argument("--grid-networks", nargs="+", default=["resnet50", "resnext101-3d"],
-                    choices=[r[0] for r in REAL], help="networks of the budget grids")
+                    choices=[r[0] for r in REAL], help="networks of the budget grids and gaps")
     ap.add_argument("--seeds", type=int, default=2, help="random graphs per depth")
     ap.add_argument("--repeat", type=int, default=2, help="timed classifications per network")
     ap.add_argument("--fractions", type=float, nargs="+",
@@ -265,9 +271,9 @@ def main(argv: list[str] | None = None) -> int:
         for column in ("alone_s", "sweep_s"):
             print(f"{column}:\n{violations(table, column).to_string(index=False)}")
     if "gap" in args.parts:
-        table = gap(args.gap_fractions, args.time_limit)
+        table = gap(args.gap_fractions, args.time_limit, _real(args.grid_networks))
         common.write_csv(table, args.out_dir / "gap.csv")
-        print(table[["link", "fraction", "pooch_s", "bound_s", "gap", "bound_optimal"]]
+        print(table[["network", "link", "fraction", "pooch_s", "bound_s", "gap", "bound_optimal"]]
               .to_string(index=False))
     return 0
 

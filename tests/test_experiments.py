@@ -139,7 +139,7 @@ def test_planner_scale(tmp_path):
     assert ps.main(["--out-dir", str(tmp_path), "--layers", "20,40", "--seeds", "1",
                     "--repeat", "1", "--real", "alexnet", "--grid-networks", "alexnet",
                     "--fractions", "0.8", "0.9", "--gbps", "8", "16",
-                    "--gap-fractions", "0.9"]) == 0
+                    "--gap-fractions", "0.95"]) == 0
     tables = check_outputs(tmp_path, ["depth.csv", "monotone.csv", "gap.csv"],
                            ["depth.png", "monotone.png"])
     depth = tables["depth.csv"]
