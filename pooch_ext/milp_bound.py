@@ -27,15 +27,17 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import coo_matrix
 
-from pooch_ext.sim.budgets import fits
+from pooch_ext.errors import BudgetTooSmallError
+from pooch_ext.sim.budgets import fits, least_peak, tightest_codes
 from pooch_ext.sim.engine import run
 from pooch_ext.sim.model import KEEP, RECOMPUTE, SWAP, SimModel, lifetimes, static_top
+from pooch_ext.units import parse_bytes
 
 
 @dataclass
@@ -47,16 +49,21 @@ class MilpBound:
 
     bound_s: float
     optimal: bool
-    codes: np.ndarray
+    codes: np.ndarray = field(repr=False)
     plan_time_s: float
     seconds: float
     rows: int
 
 
-def milp_bound(model: SimModel, budget: int, time_limit_s: float = 120.0) -> MilpBound:
-    """The lower bound of every plan's iteration time for ``model`` under ``budget`` bytes
-    (the solver's dual bound where ``time_limit_s`` ends the solve first)."""
+def milp_bound(model: SimModel, budget: int | str, time_limit_s: float = 120.0) -> MilpBound:
+    """The lower bound of every plan's iteration time for ``model`` under ``budget`` (bytes,
+    or a string such as "12GiB"); a budget below the minimum any plan reaches raises
+    BudgetTooSmallError, as the policies do."""
     started = time.perf_counter()
+    budget = parse_bytes(budget)
+    minimum = least_peak(model, tightest_codes(model))
+    if budget < minimum:
+        raise BudgetTooSmallError(budget, minimum, "milp_bound")
     m, n, n_fwd = model.m, model.n, model.n_fwd
     width = 3 * m + 1 + (n + 1 - n_fwd)         # classes, T, arrival at each backward boundary
     rows = _time_rows(model)
@@ -75,9 +82,7 @@ def milp_bound(model: SimModel, budget: int, time_limit_s: float = 120.0) -> Mil
                                                 for i in range(m)], width), 1.0, 1.0)],
                   options={"time_limit": time_limit_s, "disp": False})
     seconds = time.perf_counter() - started
-    if result.x is None:
-        if result.status == 2:                  # infeasible: no plan fits at all
-            return MilpBound(math.inf, True, np.full(m, SWAP), math.inf, seconds, len(rows))
+    if result.x is None:     # (at or above the minimum, all swapped fits: never infeasible)
         raise RuntimeError(f"the bound's program was not solved: {result.message}")
     codes = np.argmax(np.round(result.x[:3 * m]).reshape(3, m), axis=0).astype(np.int64)
     plan_time = (run(model, codes, "early", budget).time_s if fits(model, codes, budget)

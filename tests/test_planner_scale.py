@@ -217,9 +217,23 @@ def test_the_milp_bound_is_below_the_optimum_and_the_optimum_below_pooch(seed, f
         assert bound.plan_time_s >= best.time_s * (1 - 1e-9)
 
 
-def test_the_milp_bound_of_a_budget_no_plan_fits_is_infinite():
+def test_the_milp_bound_refuses_a_budget_no_plan_fits_and_reads_budget_strings():
     from pooch_ext.milp_bound import milp_bound
 
     profile = random_profile(1, n_layers=9)
-    bound = milp_bound(compile_profile(profile), minimum_budget(profile) // 2)
-    assert bound.bound_s == math.inf
+    model = compile_profile(profile)
+    with pytest.raises(BudgetTooSmallError):
+        milp_bound(model, minimum_budget(profile) // 2)
+    exact = milp_bound(model, minimum_budget(profile))
+    assert math.isfinite(exact.bound_s) and "codes" not in repr(exact)
+    mib = milp_bound(model, f"{profile.incore_peak_bytes / 2**20:.3f}MiB")
+    assert mib.bound_s <= exact.bound_s * (1 + 1e-9)
+
+
+def test_sweeps_refuse_a_single_value_and_check_every_budget_first():
+    profile = random_profile(3, n_layers=10)
+    with pytest.raises(TypeError, match="must be a list"):
+        classify_budgets(profile, "12GiB")
+    with pytest.raises(TypeError, match="must be a list"):
+        classify_links(profile, "pcie3")
+    assert classify_budgets(profile, []) == [] and classify_links(profile, []) == []

@@ -18,16 +18,20 @@ from pooch_ext.links import Link, get_link
 from pooch_ext.plan import Plan
 from pooch_ext.policies import pooch
 from pooch_ext.profile import Profile
-from pooch_ext.sim.budgets import resolve_budget
+from pooch_ext.sim.budgets import require_budget, resolve_budget
 
 ONE_GIB = 1 << 30
 
 
 def classify_budgets(profile: Profile, budgets: Sequence[int | str], link: Link | str | None = None,
                      host_budget: int | str | None = None) -> list[Plan]:
-    """pooch plans for ``budgets`` (in the order given), a larger budget never slower. A
-    budget below the minimum raises BudgetTooSmallError, as ``pooch.classify`` does."""
+    """pooch plans for ``budgets`` (a list, any order; the plans come back in that order), a
+    larger budget never slower. A budget below the minimum raises BudgetTooSmallError before
+    anything is classified, as ``pooch.classify`` does."""
+    _require_list(budgets, "budgets")
     resolved = [resolve_budget(profile, b) for b in budgets]
+    if resolved:
+        require_budget(profile, min(resolved), "pooch")
     plans: dict[int, Plan] = {}
     previous: Plan | None = None
     for budget in sorted(set(resolved)):
@@ -40,9 +44,10 @@ def classify_budgets(profile: Profile, budgets: Sequence[int | str], link: Link 
 
 def classify_links(profile: Profile, links: Sequence[Link | str], budget: int | str | None = None,
                    host_budget: int | str | None = None) -> list[Plan]:
-    """pooch plans for ``links`` (in the order given), each seeded with the plan of the next
-    slower one: a link at least as fast both ways never gets a slower plan. Links are
-    ordered by the seconds a GiB takes out and back in."""
+    """pooch plans for ``links`` (a list, any order; the plans come back in that order), each
+    seeded with the plan of the next slower one: a link at least as fast both ways never gets
+    a slower plan. Links are ordered by the seconds a GiB takes out and back in."""
+    _require_list(links, "links")
     resolved = [get_link(link) for link in links]
     order = sorted(range(len(resolved)), key=lambda k: -_round_trip_s(resolved[k]))
     plans: list[Plan | None] = [None] * len(resolved)
@@ -53,6 +58,11 @@ def classify_links(profile: Profile, links: Sequence[Link | str], budget: int | 
         plans[k] = plan
         previous = plan if plan.feasible else previous
     return [plan for plan in plans if plan is not None]
+
+
+def _require_list(values: object, what: str) -> None:
+    if isinstance(values, (str, bytes, int, Link)):
+        raise TypeError(f"{what} must be a list (of one, if one): got {values!r}")
 
 
 def _round_trip_s(link: Link) -> float:
