@@ -143,8 +143,9 @@ def monotone(fractions: list[float], gbps: list[float], real: list[tuple]) -> pd
              for link in common.PAPER_LINKS]
     for model, batch, shape, link in tqdm(cases, desc="budget grids", leave=False):
         p = common.profile(model, batch, shape)
+        lowest = minimum_budget(p)
         grid = [(f, int(f * p.incore_peak_bytes)) for f in fractions
-                if f * p.incore_peak_bytes >= minimum_budget(p)]
+                if f * p.incore_peak_bytes >= lowest]
         alone = [get_policy("pooch").classify(p, b, link) for _, b in grid]
         swept = classify_budgets(p, [b for _, b in grid], link)
         rows += [{"grid": "budget", "network": model, "link": link, "x": f,
@@ -213,10 +214,10 @@ def gap(fractions: list[float], time_limit_s: float, real: list[tuple]) -> pd.Da
     cases = [(net, link) for net in real for link in common.PAPER_LINKS]
     for (name, batch, shape), link in tqdm(cases, desc="gap", leave=False):
         p = common.profile(name, batch, shape)
-        model = compile_profile(p, link)
+        model, lowest = compile_profile(p, link), minimum_budget(p)
         for f in fractions:
             budget = int(f * p.incore_peak_bytes)
-            if budget < minimum_budget(p):
+            if budget < lowest:
                 continue
             plan = get_policy("pooch").classify(p, budget, link)
             bound = milp_bound(model, budget, time_limit_s)

@@ -34,7 +34,7 @@ from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import coo_matrix
 
 from pooch_ext.errors import BudgetTooSmallError
-from pooch_ext.sim.budgets import fits, least_peak, tightest_codes
+from pooch_ext.sim.budgets import fits, model_minimum
 from pooch_ext.sim.engine import run
 from pooch_ext.sim.model import KEEP, RECOMPUTE, SWAP, SimModel, lifetimes, static_top
 from pooch_ext.units import parse_bytes
@@ -61,7 +61,7 @@ def milp_bound(model: SimModel, budget: int | str, time_limit_s: float = 120.0) 
     BudgetTooSmallError, as the policies do."""
     started = time.perf_counter()
     budget = parse_bytes(budget)
-    minimum = least_peak(model, tightest_codes(model))
+    minimum = model_minimum(model)
     if budget < minimum:
         raise BudgetTooSmallError(budget, minimum, "milp_bound")
     m, n, n_fwd = model.m, model.n, model.n_fwd

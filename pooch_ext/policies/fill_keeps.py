@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 
-from pooch_ext.policies.search import Evaluator, KeepRoom, SearchStats
+from pooch_ext.policies.search import Evaluator, KeepRoom, SearchStats, keep_candidates
 from pooch_ext.sim.model import KEEP, SimModel
 
 
@@ -29,12 +29,7 @@ def fill_keeps(model: SimModel, codes: np.ndarray, budget: int,
     stats = stats or SearchStats()
     ev = Evaluator(model, budget, stats, host_budget)
     room = KeepRoom(model, codes, budget)
-    top = room.top
-    wanted = []
-    for i in np.argsort(-model.tensor).tolist():
-        if codes[i] != KEEP and model.can[i, KEEP] and room.fits_keep(top, i):
-            top = room.keep(top, i)
-            wanted.append(i)
+    wanted = room.fill(room.top, keep_candidates(model, codes))
     best = [codes.copy(), ev.time(codes)]
 
     def accept(group: list[int]) -> None:

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pooch_ext.policies.search import Evaluator, KeepRoom, SearchStats, simulation_cost
+from pooch_ext.policies.search import (Evaluator, KeepRoom, SearchStats, keep_candidates,
+                                       simulation_cost)
 from pooch_ext.sim.bounds import compute_floor, in_core_time, link_bound
 from pooch_ext.sim.budgets import fits
 from pooch_ext.sim.memory import occupy
@@ -155,9 +156,9 @@ def _apply(model: SimModel, base: _Base, move: tuple) -> np.ndarray | None:
             room = base.room()
             top = room.top.copy()
             occupy(top, room.lo[i], room.hi[i], -int(model.nbytes[i]))
-            return _refill(model, trial, {i}, room, top)
+            return _refill(model, trial, i, room, top)
         room = KeepRoom(model, trial, base.budget)
-        return _refill(model, trial, {i}, room, room.top)
+        return _refill(model, trial, i, room, room.top)
     group, combo = move[1], move[2]
     if any(codes[j] == c or not model.can[j, c] for j, c in zip(group, combo)):
         return None
@@ -226,26 +227,16 @@ def multi_start(model: SimModel, seeds: dict[str, np.ndarray | None], budget: in
             entry.codes, _ = refine(model, entry.codes, budget, left, stats, ev)
             entry.time_s = ev.time(entry.codes)
     winner = min(found, key=lambda r: r.time_s)
-    stats.seed, best = winner.seed, winner.codes
-    return best, stats
-    left = limit - (stats.refine_simulations - spent)
-    if best is not None and left > 0:
-        best, _ = refine(model, best, budget, left, stats, ev)
-    if best is None:
-        raise ValueError("multi_start needs at least one seed that is not None")
-    return best, stats
+    stats.seed = winner.seed
+    return winner.codes, stats
 
 
-def _refill(model: SimModel, codes: np.ndarray, exclude: set[int], room: KeepRoom,
+def _refill(model: SimModel, codes: np.ndarray, exclude: int, room: KeepRoom,
             top: np.ndarray) -> np.ndarray:
-    """Switch non-kept maps to keep, output side first, wherever the memory allows
-    (``top``: the tightest memory of ``codes``, laid out by ``room``)."""
+    """Switch non-kept maps but ``exclude`` to keep, output side first, wherever the memory
+    allows (``top``: the tightest memory of ``codes``, laid out by ``room``)."""
     codes = codes.copy()
-    order = np.argsort(-model.tensor)
-    for i in order[(codes[order] != KEEP) & model.can[order, KEEP]].tolist():
-        if i not in exclude and room.fits_keep(top, i):
-            top = room.keep(top, i)
-            codes[i] = KEEP
+    codes[room.fill(top, [i for i in keep_candidates(model, codes) if i != exclude])] = KEEP
     return codes
 
 

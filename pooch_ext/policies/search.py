@@ -101,6 +101,21 @@ class KeepRoom:
         occupy(out, self.lo[i], self.hi[i], self.nbytes[i])
         return out
 
+    def fill(self, top: np.ndarray, candidates: list[int]) -> list[int]:
+        """The candidates (in the order given) that fit one after another from ``top``."""
+        kept = []
+        for i in candidates:
+            if self.fits_keep(top, i):
+                top = self.keep(top, i)
+                kept.append(i)
+        return kept
+
+
+def keep_candidates(model: SimModel, codes: np.ndarray) -> list[int]:
+    """The maps not kept that may be, output side first (the order every keep walk takes)."""
+    order = np.argsort(-model.tensor)
+    return order[(codes[order] != KEEP) & model.can[order, KEEP]].tolist()
+
 
 # the tree's limit, in units of simulation_cost: a tree of depth d simulates up to about
 # 3 x 2^d plans, so deep networks get a shallower tree; the paper's networks keep depth 8
@@ -160,10 +175,7 @@ def keep_swap(model: SimModel, budget: int, max_depth: int | None = None,
         nonlocal best_time, best
         stats.leaves += 1
         codes = codes.copy()
-        for i in rest:
-            if room.fits_keep(top, i):
-                top = room.keep(top, i)
-                codes[i] = KEEP
+        codes[room.fill(top, rest)] = KEEP
         t = ev.time(codes)
         if t < best_time - EPS:
             best_time, best = t, codes

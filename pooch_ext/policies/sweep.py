@@ -12,7 +12,7 @@ slower side.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 from pooch_ext.links import Link, get_link
 from pooch_ext.plan import Plan
@@ -32,14 +32,9 @@ def classify_budgets(profile: Profile, budgets: Sequence[int | str], link: Link 
     resolved = [resolve_budget(profile, b) for b in budgets]
     if resolved:
         require_budget(profile, min(resolved), "pooch")
-    plans: dict[int, Plan] = {}
-    previous: Plan | None = None
-    for budget in sorted(set(resolved)):
-        plan = pooch.classify(profile, budget, link, host_budget=host_budget,
-                              seeds=[previous] if previous is not None else ())
-        plans[budget] = plan
-        previous = plan if plan.feasible else previous
-    return [plans[b] for b in resolved]
+    by_budget = _seeded(sorted(set(resolved)), lambda budget, seeds: pooch.classify(
+        profile, budget, link, host_budget=host_budget, seeds=seeds))
+    return [by_budget[b] for b in resolved]
 
 
 def classify_links(profile: Profile, links: Sequence[Link | str], budget: int | str | None = None,
@@ -50,14 +45,21 @@ def classify_links(profile: Profile, links: Sequence[Link | str], budget: int | 
     _require_list(links, "links")
     resolved = [get_link(link) for link in links]
     order = sorted(range(len(resolved)), key=lambda k: -_round_trip_s(resolved[k]))
-    plans: list[Plan | None] = [None] * len(resolved)
-    previous: Plan | None = None
-    for k in order:
-        plan = pooch.classify(profile, budget, resolved[k], host_budget=host_budget,
-                              seeds=[previous] if previous is not None else ())
-        plans[k] = plan
-        previous = plan if plan.feasible else previous
-    return [plan for plan in plans if plan is not None]
+    by_link = _seeded(order, lambda k, seeds: pooch.classify(
+        profile, budget, resolved[k], host_budget=host_budget, seeds=seeds))
+    return [by_link[k] for k in range(len(resolved))]
+
+
+def _seeded(order: list, classify_at: Callable[[Any, list[Plan]], Plan]) -> dict:
+    """Plans for the keys of ``order``, slowest side first, each seeded with the last
+    feasible plan before it: {key: Plan}."""
+    plans = {}
+    previous: list[Plan] = []
+    for key in order:
+        plans[key] = classify_at(key, previous)
+        if plans[key].feasible:
+            previous = [plans[key]]
+    return plans
 
 
 def _require_list(values: object, what: str) -> None:

@@ -2,10 +2,11 @@
 
 The compute engine runs every op, every recompute and the runtime's host work for each
 action one after another, and waits only add to that; so their sum bounds the budgeted
-(and the budget-free) time from below whatever the copies do (``compute_floor``). The copy
-engines give a second bound (``link_bound``): a budget only delays copies. The searches use it to skip
-simulating plans that cannot beat the best found, and it is exact for plans that swap
-nothing and have no convolution configurations to choose (sqrt-n's checkpoint plans).
+(and the budget-free) time from below whatever the copies do (``compute_floor``; nearly the
+time itself for plans that swap nothing and have no convolution configurations to choose,
+sqrt-n's checkpoint plans). The copy engines give a second bound (``link_bound``): a budget
+only delays copies. The searches use them to skip simulating plans that cannot beat the
+best found.
 """
 from __future__ import annotations
 

@@ -34,7 +34,11 @@ def require_budget(profile: Profile, budget: int | str | None, what: str = "") -
 def minimum_budget(profile: Profile) -> int:
     """The smallest budget any plan can run in: every map swapped (or, where it may not be,
     recomputed or kept), each present only while an op reads it."""
-    model = compile_profile(profile)
+    return model_minimum(compile_profile(profile))
+
+
+def model_minimum(model: SimModel) -> int:
+    """``minimum_budget`` of a compiled model."""
     return least_peak(model, tightest_codes(model))
 
 
