@@ -29,6 +29,11 @@ _COMPUTE_CORES = ("_forward_cpu_core", "_forward_gpu_core")
 _SPLIT_FUNCTIONS = (("chainer.functions.connection.convolution_2d", "Convolution2DFunction"),
                     ("chainer.functions.connection.convolution_2d", "Convolution2DGradW"),
                     ("chainer.functions.connection.deconvolution_2d", "Deconvolution2DFunction"))
+# the N-D functions' array core for both: ``_forward_xp(*arrays, xp)``
+_ND_CORE = "_forward_xp"
+_SPLIT_ND_FUNCTIONS = (("chainer.functions.connection.convolution_nd", "ConvolutionND"),
+                       ("chainer.functions.connection.convolution_nd", "ConvolutionNDGradW"),
+                       ("chainer.functions.connection.deconvolution_nd", "DeconvolutionND"))
 
 # (module, class or None, private name): everything the accessors below use
 PRIVATE_NAMES: tuple[tuple[str, str | None, str], ...] = (
@@ -49,6 +54,7 @@ PRIVATE_NAMES: tuple[tuple[str, str | None, str], ...] = (
     ("chainer._backprop", None, "_backprop_to_all"),
     # the im2col / GEMM cores of a convolution and of its backward's two functions
     *((module, cls, core) for module, cls in _SPLIT_FUNCTIONS for core in _COMPUTE_CORES),
+    *((module, cls, _ND_CORE) for module, cls in _SPLIT_ND_FUNCTIONS),
     ("chainer", None, "_get_link_hooks"),
 )
 
@@ -243,17 +249,30 @@ class WeaklyBound:
 
 
 def set_compute_core(function: Any, core: Callable) -> None:
-    """Replace, on this one function node, the core its ``forward_cpu`` / ``forward_gpu``
-    call after their checks (``_forward_cpu_core`` / ``_forward_gpu_core``: im2col + GEMM for
-    a convolution, GEMM + col2im for a deconvolution): hooks/split_conv.py runs it in pieces.
+    """Replace, on this one function node, the core its forward calls after its checks
+    (2D: ``_forward_cpu_core`` / ``_forward_gpu_core``; N-D: ``_forward_xp``, whose last
+    argument, the array module, ``core`` does not get): im2col + GEMM for a convolution, GEMM
+    + col2im for a deconvolution; hooks/split_conv*.py run it in pieces.
     ``core(function, *arrays)`` gets the node as its first argument."""
+    if hasattr(type(function), _ND_CORE):
+        setattr(function, _ND_CORE, WeaklyBound(_without_xp(core), function))
+        return
     bound = WeaklyBound(core, function)
     for name in _COMPUTE_CORES:
         setattr(function, name, bound)
 
 
+def _without_xp(core: Callable) -> Callable:
+    def called(function: Any, *arrays_and_xp: Any) -> Any:
+        return core(function, *arrays_and_xp[:-1])
+    return called
+
+
 def original_compute_core(function: Any, xp: ModuleType) -> Callable:
     """The class's own core of ``function`` for arrays of ``xp`` (NumPy or CuPy), bound to
-    it: what runs where a split is not exact."""
+    it and called with the arrays only: what runs where a split is not exact."""
+    cls = type(function)
+    if hasattr(cls, _ND_CORE):
+        return functools.partial(getattr(cls, _ND_CORE), function, xp=xp)
     cpu, gpu = _COMPUTE_CORES
-    return MethodType(getattr(type(function), cpu if xp.__name__ == "numpy" else gpu), function)
+    return MethodType(getattr(cls, cpu if xp.__name__ == "numpy" else gpu), function)

@@ -21,20 +21,24 @@ import dataclasses
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any, Callable
 
 import numpy
 
 from chainer.functions.connection.convolution_2d import (Convolution2DFunction,
                                                          Convolution2DGradW)
+from chainer.functions.connection.convolution_nd import ConvolutionND, ConvolutionNDGradW
 from chainer.functions.connection.deconvolution_2d import Deconvolution2DFunction
+from chainer.functions.connection.deconvolution_nd import DeconvolutionND
+from chainer.utils.conv import get_conv_outsize
 
-from pooch_ext.analytic.splits import piece_counts
-from pooch_ext.hooks import split_conv
+from pooch_ext.analytic.splits import most_pieces, piece_counts
+from pooch_ext.hooks import split_conv, split_conv_nd, split_exact
 from pooch_ext.hooks.chainer_refs import original_compute_core
 from pooch_ext.hooks.device import pool_peak_hook
 
-Layout = tuple        # (shape, strides, dtype string), split_conv._layout
+Layout = tuple        # (shape, strides, dtype string), split_exact.layout
 MEASURED_FACTOR = 4   # piece counts measured: every fourth power of two (analytic: every one)
 Config = tuple[int, int, float]
 
@@ -43,34 +47,51 @@ Config = tuple[int, int, float]
 class ConvCall:
     """One profiled convolution: its attributes and its arrays' layouts."""
 
-    stride: tuple[int, int]
-    pad: tuple[int, int]
-    dilate: tuple[int, int]
+    stride: tuple[int, ...]
+    pad: tuple[int, ...]
+    dilate: tuple[int, ...]
     cover_all: bool
     x: Layout
     W: Layout
     b: Layout | None
     wants_gx: bool       # its input receives a gradient
     gy: Layout | None = None   # its output's gradient as backward received it (None: unseen)
+    nd: bool = False           # a ConvolutionND (hooks/split_conv_nd.py), else 2D
+    groups: int = 1
 
 
 def conv_call(function: Any, in_data: tuple) -> ConvCall | None:
     """The call of ``function`` on ``in_data`` if it can run split, else None."""
-    if split_conv.not_splittable(function) or len(in_data) < 2 or in_data[0].shape[0] < 2:
+    if split_conv.not_splittable(function) or len(in_data) < 2:
         return None
     x, W = in_data[0], in_data[1]
+    nd = type(function) is ConvolutionND
+    y_shape = (x.shape[0], W.shape[0]) + _out_size(function, x.shape, W.shape) if nd else None
+    if (most_pieces(nd, x.shape, y_shape, W.shape, function.groups)[0] if nd
+            else x.shape[0]) < 2:
+        return None
     b = in_data[2] if len(in_data) > 2 else None
     node = function.inputs[0] if function.inputs else None
     wants_gx = node is None or getattr(node, "requires_grad", True)
-    layout = split_conv._layout
+    layout = split_exact.layout
+    if nd:
+        return ConvCall(function.stride, function.pad, function.dilate, bool(function.cover_all),
+                        layout(x), layout(W), layout(b), bool(wants_gx), nd=True,
+                        groups=int(function.groups))
     return ConvCall((function.sy, function.sx), (function.ph, function.pw),
                     (function.dy, function.dx), bool(function.cover_all), layout(x), layout(W),
                     layout(b), bool(wants_gx))
 
 
+def _out_size(function: Any, x_shape: tuple, w_shape: tuple) -> tuple:
+    return tuple(get_conv_outsize(size, k, s, p, cover_all=function.cover_all, d=d)
+                 for size, k, s, p, d in zip(x_shape[2:], w_shape[2:], function.stride,
+                                             function.pad, function.dilate))
+
+
 def with_gradient(call: ConvCall, gy: Any) -> ConvCall:
     """``call`` with the layout of the gradient its backward received."""
-    return dataclasses.replace(call, gy=split_conv._layout(gy))
+    return dataclasses.replace(call, gy=split_exact.layout(gy))
 
 
 _MEASURED: dict[tuple, tuple[list[Config], list[Config]]] = {}
@@ -99,43 +120,40 @@ def measure(call: ConvCall, xp: Any, counter: Any = None, repeats: int = 2
             return measure(call, xp, counter, repeats)
     if counter is None:
         return [], []
-    x, W = split_conv.probe(xp, call.x, 1), split_conv.probe(xp, call.W, 2)
-    b = split_conv.probe(xp, call.b, 3) if call.b is not None else None
-    n, c_in, c_out = x.shape[0], x.shape[1], W.shape[0]
-    conv = Convolution2DFunction(call.stride, call.pad, call.cover_all, dilate=call.dilate)
-    y, = original_compute_core(conv, xp)(x, W, b)
-    gy = split_conv.probe(xp, call.gy or split_conv._layout(xp.ascontiguousarray(y)), 4)
+    x, W = split_exact.probe(xp, call.x, 1), split_exact.probe(xp, call.W, 2)
+    b = split_exact.probe(xp, call.b, 3) if call.b is not None else None
+    nodes = _nodes_nd if call.nd else _nodes_2d
+    new_conv, deconv, grad_w, cores = nodes(call, x.shape, W)
+    y, = original_compute_core(new_conv(), xp)(x, W, b)
+    gy = split_exact.probe(xp, call.gy or split_exact.layout(xp.ascontiguousarray(y)), 4)
     del y
-    deconv = Deconvolution2DFunction(call.stride, call.pad, outsize=x.shape[2:],
-                                     dilate=call.dilate)
-    deconv._calc_out_size(gy.shape, W.shape)
-    grad_w = Convolution2DGradW(conv, W.shape, W.dtype, None)
+    forward_core, input_core, weight_core = cores
+    if not call.nd:
+        deconv._calc_out_size(gy.shape, W.shape)
 
     def forward(pieces: int) -> Callable[[], Any]:
         def run() -> Any:
             # a fresh node, as the executor splits one: its exactness check is then the one
             # the run looks up (a node that ran has output sizes its key would include)
-            node = Convolution2DFunction(call.stride, call.pad, call.cover_all,
-                                         dilate=call.dilate)
-            return split_conv._run_part(node, split_conv._forward_pieces, (x, W, b), pieces,
-                                        True)
+            return split_exact.run_part(new_conv(), forward_core, (x, W, b), pieces, True)
         return run
 
     def backward(pieces: int) -> Callable[[], Any]:
         def run() -> tuple:
             # the input gradient stays alive while the weight gradient runs, as in Chainer's
             # backward (split_conv._backward): the scratch measured is the one that runs
-            gx = split_conv._run_part(deconv, split_conv._input_gradient_pieces,
-                                      (gy, W, None), pieces, True) if call.wants_gx else None
-            gW = split_conv._run_part(grad_w, split_conv._weight_gradient_pieces, (x, gy),
-                                      pieces, True)
+            gx = split_exact.run_part(deconv, input_core, (gy, W, None), pieces, True) \
+                if call.wants_gx else None
+            gW = split_exact.run_part(grad_w, weight_core, (x, gy), pieces, True)
             return gx, gW
         return run
 
+    most_forward, most_backward = most_pieces(call.nd, x.shape, gy.shape, W.shape, call.groups,
+                                              call.wants_gx)
     out = []
     # 2, 8, 32, ...: each a quarter of the scratch of the one before
-    for runner, counts in ((forward, piece_counts(n, MEASURED_FACTOR)),
-                           (backward, piece_counts(max(n, c_in * c_out), MEASURED_FACTOR))):
+    for runner, counts in ((forward, piece_counts(most_forward, MEASURED_FACTOR)),
+                           (backward, piece_counts(most_backward, MEASURED_FACTOR))):
         whole_s, whole_b = _cost(runner(1), xp, counter, repeats)
         configs = []
         for pieces in counts:
@@ -144,6 +162,38 @@ def measure(call: ConvCall, xp: Any, counter: Any = None, repeats: int = 2
                 configs.append((pieces, scratch - whole_b, seconds - whole_s))
         out.append(configs)
     return out[0], out[1]
+
+
+def _nodes_2d(call: ConvCall, x_shape: tuple, W: Any) -> tuple:
+    """(a new forward node, the input- and weight-gradient nodes, the three piece cores)."""
+    def new_conv() -> Any:
+        return Convolution2DFunction(call.stride, call.pad, call.cover_all, dilate=call.dilate)
+    deconv = Deconvolution2DFunction(call.stride, call.pad, outsize=x_shape[2:],
+                                     dilate=call.dilate)
+    grad_w = Convolution2DGradW(new_conv(), W.shape, W.dtype, None)
+    return new_conv, deconv, grad_w, (split_conv._forward_pieces,
+                                      split_conv._input_gradient_pieces,
+                                      split_conv._weight_gradient_pieces)
+
+
+def _nodes_nd(call: ConvCall, x_shape: tuple, W: Any) -> tuple:
+    """``_nodes_2d`` for a ConvolutionND; the nodes' attributes are the ones the executor's
+    nodes have when their cores run (the exactness checks' keys)."""
+    ndim = len(x_shape) - 2
+
+    def new_conv() -> Any:
+        return ConvolutionND(ndim, call.stride, call.pad, call.cover_all, call.dilate,
+                             call.groups)
+    deconv = DeconvolutionND(ndim, call.stride, call.pad, outsize=tuple(x_shape[2:]),
+                             dilate=call.dilate, groups=call.groups)
+    deconv.cover_all = False         # as its forward finds it for a convolution without
+    weight = SimpleNamespace(shape=W.shape, dtype=W.dtype)
+    grad_w = ConvolutionNDGradW(SimpleNamespace(inputs=(None, weight), **{
+        a: getattr(new_conv(), a) for a in ("ndim", "stride", "pad", "cover_all", "dilate",
+                                             "groups")}))
+    return new_conv, deconv, grad_w, (split_conv_nd._forward_pieces,
+                                      split_conv_nd._input_gradient_pieces,
+                                      split_conv_nd._weight_gradient_pieces)
 
 
 class PoolCounter:

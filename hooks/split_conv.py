@@ -35,11 +35,14 @@ import chainer
 from chainer import backend
 from chainer.functions.connection.convolution_2d import (Convolution2DFunction,
                                                          Convolution2DGradW)
+from chainer.functions.connection.convolution_nd import ConvolutionND
 from chainer.functions.connection.deconvolution_2d import Deconvolution2DFunction
 from chainer.utils import conv
 
-from pooch_ext.analytic.splits import weight_pieces
-from pooch_ext.hooks.chainer_refs import WeaklyBound, original_compute_core, set_compute_core
+from pooch_ext.analytic.splits import nested_pieces
+from pooch_ext.hooks.chainer_refs import WeaklyBound, set_compute_core
+from pooch_ext.hooks.split_conv_nd import not_splittable_nd, split_nd
+from pooch_ext.hooks.split_exact import piece_bounds, piece_part, split_node
 
 
 @dataclass(frozen=True)
@@ -56,60 +59,35 @@ class ConvSplit:
             raise ValueError(f"a split needs at least one piece, got {self}")
 
 
-def piece_bounds(n: int, pieces: int) -> list[tuple[int, int]]:
-    """``n`` items in ``pieces`` contiguous pieces as even as possible (never an empty one)."""
-    pieces = max(1, min(int(pieces), n))
-    edges = [n * k // pieces for k in range(pieces + 1)]
-    return list(zip(edges[:-1], edges[1:]))
-
-
 def not_splittable(function: Any) -> str:
-    """Why ``function`` cannot run split; "" when it can."""
+    """Why ``function`` cannot run split; "" when it can (a Convolution2DFunction here, a
+    ConvolutionND in hooks/split_conv_nd.py)."""
+    if type(function) is ConvolutionND:
+        return not_splittable_nd(function)
     if type(function) is not Convolution2DFunction:
-        return f"{type(function).__name__} is not a Convolution2DFunction"
+        return f"{type(function).__name__} is not a Convolution2DFunction or ConvolutionND"
     if function.groups != 1:
-        return "grouped convolutions run their own loop"
+        return "grouped 2D convolutions run their own loop"
     if getattr(function, "cudnn_fast", False):
         return "cudnn_fast convolutions use cuDNN's own layout"
     return ""
 
 
 def split(function: Any, config: ConvSplit, checked: bool = True) -> None:
-    """Run ``function`` (a Convolution2DFunction not yet applied) and its backward in the
-    pieces of ``config``, each part only where it is bit-identical (``checked=False``: always,
-    for measurements of rounding). Raises ValueError where ``not_splittable`` says no."""
+    """Run ``function`` (a convolution not yet applied) and its backward in the pieces of
+    ``config``, each part only where it is bit-identical (``checked=False``: always, for
+    measurements of rounding). Raises ValueError where ``not_splittable`` says no."""
     reason = not_splittable(function)
     if reason:
         raise ValueError(f"cannot split: {reason}")
     function._pooch_split = (config, checked)
+    if type(function) is ConvolutionND:
+        split_nd(function, config)
+        return
     if config.forward > 1:
         set_compute_core(function, _forward)
     if config.input_grad > 1 or config.weight_grad > 1:
         function.backward = WeaklyBound(_backward, function)
-
-
-def _forward(self: Any, x: Any, W: Any, b: Any) -> tuple:
-    config, checked = self._pooch_split
-    return _run_part(self, _forward_pieces, (x, W, b), config.forward, checked)
-
-
-def _input_gradient(self: Any, x: Any, W: Any, b: Any) -> tuple:
-    config, checked = self._pooch_split
-    return _run_part(self, _input_gradient_pieces, (x, W, b), config.input_grad, checked)
-
-
-def _weight_gradient(self: Any, x: Any, gy: Any) -> tuple:
-    config, checked = self._pooch_split
-    return _run_part(self, _weight_gradient_pieces, (x, gy), config.weight_grad, checked)
-
-
-def _split_node(self: Any, node: Any, core: Any, pieces: int) -> Any:
-    """``node`` (a function of ``self``'s backward) running ``core`` in ``pieces`` (if more
-    than one), with ``self``'s split and check."""
-    node._pooch_split = self._pooch_split
-    if pieces > 1:
-        set_compute_core(node, core)
-    return node
 
 
 def _backward(self: Any, indexes: tuple, grad_outputs: tuple) -> list:
@@ -123,11 +101,11 @@ def _backward(self: Any, indexes: tuple, grad_outputs: tuple) -> list:
         deconv = Deconvolution2DFunction(stride=(self.sy, self.sx), pad=(self.ph, self.pw),
                                          outsize=(xh, xw), dilate=(self.dy, self.dx),
                                          groups=self.groups)
-        gx, = _split_node(self, deconv, _input_gradient, config.input_grad).apply((gy, W))
+        gx, = split_node(self, deconv, _input_gradient, config.input_grad).apply((gy, W))
         ret.append(gx)
     if 1 in indexes:
         grad_w = Convolution2DGradW(self, W.shape, W.dtype, W.layout)
-        gW, = _split_node(self, grad_w, _weight_gradient, config.weight_grad).apply((x, gy))
+        gW, = split_node(self, grad_w, _weight_gradient, config.weight_grad).apply((x, gy))
         ret.append(gW)
     if 2 in indexes:
         ret.append(chainer.functions.sum(gy, axis=(0, 2, 3)))
@@ -184,11 +162,11 @@ def _input_gradient_pieces(self: Any, x: Any, W: Any, b: Any, pieces: int) -> tu
 def _weight_gradient_pieces(self: Any, x: Any, gy: Any, pieces: int) -> tuple:
     """Convolution2DGradW's core (im2col + GEMM) over a slice of input channels at a time,
     and, beyond one piece per input channel, over slices of output channels inside each
-    (``weight_pieces``): every element's reduction over batch and pixels stays one GEMM."""
+    (``nested_pieces``): every element's reduction over batch and pixels stays one GEMM."""
     xp = backend.get_array_module(x)
     if not (gy.flags.c_contiguous or gy.flags.f_contiguous) and 1 in gy.shape:
         gy = xp.ascontiguousarray(gy)      # as Chainer does (NumPy's tensordot needs it)
-    in_pieces, out_pieces = weight_pieces(pieces, x.shape[1], gy.shape[1])
+    in_pieces, out_pieces = nested_pieces(pieces, x.shape[1], gy.shape[1])
     gW = xp.empty((gy.shape[1], x.shape[1], self.kh, self.kw), dtype=self.W_dtype)
     for c0, c1 in piece_bounds(x.shape[1], in_pieces):
         col = _im2col(xp)(x[:, c0:c1], self.kh, self.kw, self.sy, self.sx, self.ph, self.pw,
@@ -198,70 +176,6 @@ def _weight_gradient_pieces(self: Any, x: Any, gy: Any, pieces: int) -> tuple:
             gW[o0:o1, c0:c1] = part.astype(self.W_dtype, copy=False)
         del col
     return gW,
-
-
-# ------------------------------------------------------------------ which splits are exact
-TRIALS = 3      # random probes a split must match bit for bit on
-_EXACT: dict[tuple, bool] = {}
-_ATTRS = ("sy", "sx", "ph", "pw", "dy", "dx", "cover_all", "outh", "outw", "kh", "kw", "W_dtype")
-
-
-def _run_part(self: Any, pieces_core: Any, args: tuple, pieces: int, checked: bool) -> tuple:
-    """The part in ``pieces`` where that is exact for these arrays (or not ``checked``),
-    else whole, as Chainer runs it."""
-    whole_core = original_compute_core(self, backend.get_array_module(args[0]))
-    if pieces > 1 and (not checked or _exact(self, pieces_core, whole_core, args, pieces)):
-        return pieces_core(self, *args, pieces)
-    return whole_core(*args)
-
-
-def _layout(a: Any) -> tuple | None:
-    return None if a is None else (a.shape, a.strides, a.dtype.str)
-
-
-def _probe_like(a: Any, seed: int) -> Any:
-    """A probe with ``a``'s shape, strides and dtype, on ``a``'s device (``probe``)."""
-    if a is None:
-        return None
-    return probe(backend.get_array_module(a), _layout(a), seed)
-
-
-def probe(xp: Any, layout: tuple, seed: int) -> Any:
-    """An array of ``xp`` (NumPy or CuPy) laid out as ``layout`` = (shape, strides, dtype
-    string), gaps included, whose values span 2**-8 .. 2**8 in magnitude: any change in the
-    order of a reduction changes the rounding of some output element (with values of one
-    scale it may not). Made on the array's own device: host-made probes of ResNet-50's maps
-    took seconds each on the GPU machine."""
-    shape, strides, dtype = layout
-    itemsize = numpy.dtype(dtype).itemsize
-    if any(stride < 0 or stride % itemsize for stride in strides):
-        raise ValueError("no probe for negative or unaligned strides")
-    span = 1 + sum((dim - 1) * stride // itemsize for dim, stride in zip(shape, strides))
-    rng = xp.random.RandomState(seed)
-    values = (rng.standard_normal(span) * 2.0 ** rng.randint(-8, 9, span)).astype(dtype)
-    return xp.lib.stride_tricks.as_strided(values, shape, strides)
-
-
-def _exact(self: Any, pieces_core: Any, whole_core: Any, args: tuple, pieces: int) -> bool:
-    """Whether ``pieces_core`` gives ``whole_core``'s bits and layout on ``TRIALS`` probes
-    laid out as ``args``; remembered per layouts and attributes."""
-    key = (pieces_core.__name__, pieces, tuple(getattr(self, a, None) for a in _ATTRS),
-           tuple(_layout(a) for a in args))
-    if key not in _EXACT:
-        _EXACT[key] = all(_same_on_probes(self, pieces_core, whole_core, args, pieces, trial)
-                          for trial in range(TRIALS))     # stops at the first difference
-    return _EXACT[key]
-
-
-def _same_on_probes(self: Any, pieces_core: Any, whole_core: Any, args: tuple, pieces: int,
-                    trial: int) -> bool:
-    try:
-        probes = [_probe_like(a, 7 * trial + k) for k, a in enumerate(args)]
-    except ValueError:          # a layout no probe can copy: never split
-        return False
-    mine, = pieces_core(self, *probes, pieces)
-    theirs, = whole_core(*probes)
-    return mine.strides == theirs.strides and bool((mine == theirs).all())
 
 
 class SplitConvolutions(chainer.FunctionHook):
@@ -278,3 +192,8 @@ class SplitConvolutions(chainer.FunctionHook):
     def forward_preprocess(self, function: Any, in_data: tuple) -> None:
         if not not_splittable(function) and not hasattr(function, "_pooch_split"):
             split(function, self.config, self.checked)
+
+
+_forward = piece_part(_forward_pieces, "forward")
+_input_gradient = piece_part(_input_gradient_pieces, "input_grad")
+_weight_gradient = piece_part(_weight_gradient_pieces, "weight_grad")

@@ -14,9 +14,9 @@ import chainer
 import chainer.functions as F
 import chainer.links as L
 
-from pooch_ext.hooks import split_conv
-from pooch_ext.hooks.split_conv import (ConvSplit, SplitConvolutions, not_splittable,
-                                        piece_bounds, split)
+from pooch_ext.hooks import split_conv, split_exact
+from pooch_ext.hooks.split_conv import ConvSplit, SplitConvolutions, not_splittable, split
+from pooch_ext.hooks.split_exact import piece_bounds
 from pooch_ext.testing import model_state, states_equal
 
 
@@ -98,7 +98,8 @@ def test_a_part_that_is_not_bit_identical_is_run_whole(monkeypatch):
     def off_by_an_ulp(self, x, gy, pieces):
         gW, = pieces_core(self, x, gy, pieces)
         return np.nextafter(gW, np.inf),
-    monkeypatch.setattr(split_conv, "_weight_gradient_pieces", off_by_an_ulp)
+    monkeypatch.setattr(split_conv, "_weight_gradient",
+                        split_exact.piece_part(off_by_an_ulp, "weight_grad"))
     whole = _run(x, W, b, kwargs, None)
     checked = _run(x, W, b, kwargs, ConvSplit(1, 1, 2))
     unchecked = _run(x, W, b, kwargs, ConvSplit(1, 1, 2), checked=False)
@@ -117,8 +118,8 @@ def test_only_plain_convolutions_are_split():
     with Watch():
         F.convolution_2d(x, W, groups=2)
         F.relu(x)
-    assert seen[0][1] == "grouped convolutions run their own loop"
-    assert seen[1][1] == "ReLU is not a Convolution2DFunction"
+    assert seen[0][1] == "grouped 2D convolutions run their own loop"
+    assert seen[1][1] == "ReLU is not a Convolution2DFunction or ConvolutionND"
     function = chainer.functions.connection.convolution_2d.Convolution2DFunction(groups=2)
     with pytest.raises(ValueError, match="cannot split: grouped"):
         split(function, ConvSplit(2, 2, 2))

@@ -185,9 +185,9 @@ def test_measuring_configurations_leaves_no_exactness_check_for_the_run(monkeypa
     """A check run inside a budgeted iteration would allocate probes the plan never counted
     (measured: 20 MiB at small-resnet's second convolution): measuring must make every check
     the executor will look up, for the layouts profiled (here a channel-last input)."""
-    from pooch_ext.hooks import conv_configs, split_conv
+    from pooch_ext.hooks import conv_configs, split_conv, split_exact
 
-    monkeypatch.setattr(split_conv, "_EXACT", {})
+    monkeypatch.setattr(split_exact, "_EXACT", {})
     x = np.random.RandomState(0).standard_normal((4, 8, 6, 6)).astype(np.float32)
     x = np.ascontiguousarray(x.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)
     W = np.random.RandomState(1).standard_normal((5, 8, 3, 3)).astype(np.float32)
@@ -199,22 +199,22 @@ def test_measuring_configurations_leaves_no_exactness_check_for_the_run(monkeypa
     finally:
         device.restore()
     assert forward
-    checked = dict(split_conv._EXACT)
+    checked = dict(split_exact._EXACT)
     for pieces, _, _ in forward:
         fresh = F.connection.convolution_2d.Convolution2DFunction(1, 1)
         split_conv.split(fresh, split_conv.ConvSplit(pieces, 1, 1))
         y, = fresh.apply((chainer.Variable(x), chainer.Variable(W)))
         assert y.shape == (4, 5, 6, 6)
-    assert split_conv._EXACT == checked
+    assert split_exact._EXACT == checked
 
 
 def test_the_backward_is_measured_on_the_gradient_layout_it_really_gets(monkeypatch):
     """A gradient laid out otherwise than the C-contiguous probe made the executor check its
     split inside a budgeted backward op (3 MB of probes over the demo's budget): the profiler
     notes the layout, and measuring checks exactly the parts the run will look up."""
-    from pooch_ext.hooks import conv_configs, split_conv
+    from pooch_ext.hooks import conv_configs, split_conv, split_exact
 
-    monkeypatch.setattr(split_conv, "_EXACT", {})
+    monkeypatch.setattr(split_exact, "_EXACT", {})
     rng = np.random.RandomState(0)
     x = rng.standard_normal((4, 8, 6, 6)).astype(np.float32)
     W = rng.standard_normal((5, 8, 3, 3)).astype(np.float32)
@@ -228,7 +228,7 @@ def test_the_backward_is_measured_on_the_gradient_layout_it_really_gets(monkeypa
         _, backward = conv_configs.measure(call, np, device.counter)
     finally:
         device.restore()
-    checked = dict(split_conv._EXACT)
+    checked = dict(split_exact._EXACT)
     for pieces, _, _ in backward:
         fresh = F.connection.convolution_2d.Convolution2DFunction(1, 1)
         split_conv.split(fresh, split_conv.ConvSplit(1, pieces, pieces))
@@ -236,7 +236,7 @@ def test_the_backward_is_measured_on_the_gradient_layout_it_really_gets(monkeypa
         y, = fresh.apply((xv, Wv))
         y.grad = gy
         y.backward()
-    assert split_conv._EXACT == checked
+    assert split_exact._EXACT == checked
 
 
 def test_the_profiler_notes_each_convolutions_incoming_gradient(runs):
