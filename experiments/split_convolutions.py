@@ -6,6 +6,8 @@ Analytic profiles (``conv="im2col"``: Chainer + CuPy without cuDNN, what our exe
 the cost model's v100-16gb over PCIe gen3. Split configurations are charged on the cost model's
 GEMM-efficiency curve (pooch_ext/analytic/splits.py: a GEMM of F FLOPs runs at F / (F + H) of
 the calibrated efficiency, H = 5 microseconds of peak work), so pieces are never free here.
+ResNeXt-101 3D runs at batch 1 against its input (clips of 128 frames, H = W), the paper's 3D
+case: there only the N-D splits over output rows, channel units and kernel offsets help.
 "Without splitting" plans the same profile with every convolution whole
 (``Profile.without_configs``). Writes results/splits/{minimum_budget,pooch_16gb,vdnn}.csv and
 minimum_budget.png.
@@ -23,31 +25,37 @@ OUT = common.RESULTS / "splits"
 GiB = 1 << 30
 SWEEPS = {"vgg16": [32, 64, 128, 192, 256], "alexnet": [256, 512, 1024, 2048, 2432],
           "resnet50": [32, 64, 128, 192, 256]}
-TARGETS = [("vgg16", 256), ("alexnet", 2432), ("resnet50", 256)]
+# ResNeXt-101 3D at batch 1 against its input: clips of 128 frames, H = W = side
+RESNEXT, RESNEXT_SIDES = "resnext101-3d", [224, 320, 448, 576, 704]
+TARGETS = [("vgg16", 256, None), ("alexnet", 2432, None), ("resnet50", 256, None),
+           (RESNEXT, 1, "3x128x448x448")]
 # the papers' own numbers beside ours
 VDNN_PAPER = "vDNN (cuDNN, Titan X 12 GB): VGG-16 b256 needs 28 GB in-core, runs on 12 GB at 18% loss"
 
 
-def _profile(model: str, batch: int):
-    return common.profile(model, batch, gpu=common.PAPER_GPU, conv="im2col")
+def _profile(model: str, batch: int, input_size: str | None = None):
+    return common.profile(model, batch, input_size, gpu=common.PAPER_GPU, conv="im2col")
 
 
 def minimum_budgets() -> pd.DataFrame:
+    """Smallest budgets against batch (2D networks) and input side (ResNeXt-101 3D)."""
+    cases = [(model, batch, None, batch) for model, batches in SWEEPS.items()
+             for batch in batches]
+    cases += [(RESNEXT, 1, f"3x128x{side}x{side}", side) for side in RESNEXT_SIDES]
     rows = []
-    for model, batches in SWEEPS.items():
-        for batch in batches:
-            p = _profile(model, batch)
-            rows.append({"model": model, "batch": batch,
-                         "incore_gib": p.incore_peak_bytes / GiB,
-                         "minimum_split_gib": minimum_budget(p) / GiB,
-                         "minimum_whole_gib": minimum_budget(p.without_configs()) / GiB})
+    for model, batch, input_size, x in cases:
+        p = _profile(model, batch, input_size)
+        rows.append({"model": model, "batch": batch, "input_size": input_size or "",
+                     "x": x, "incore_gib": p.incore_peak_bytes / GiB,
+                     "minimum_split_gib": minimum_budget(p) / GiB,
+                     "minimum_whole_gib": minimum_budget(p.without_configs()) / GiB})
     return pd.DataFrame(rows)
 
 
 def pooch_16gb() -> pd.DataFrame:
     rows = []
-    for model, batch in TARGETS:
-        p = _profile(model, batch)
+    for model, batch, input_size in TARGETS:
+        p = _profile(model, batch, input_size)
         for label, profile in (("split", p), ("whole", p.without_configs())):
             plan, row = common.run(profile, "pooch", "pcie3")
             row.update(splitting=label, split_ops=len(plan.configs),
@@ -69,13 +77,15 @@ def vdnn() -> pd.DataFrame:
 
 
 def plot(table: pd.DataFrame, path) -> None:
-    fig, axes = common.plt.subplots(1, len(SWEEPS), figsize=(4 * len(SWEEPS), 3.2))
+    models = list(dict.fromkeys(table.model))
+    fig, axes = common.plt.subplots(1, len(models), figsize=(4 * len(models), 3.2))
     for ax, (model, part) in zip(axes, table.groupby("model", sort=False)):
-        ax.plot(part.batch, part.incore_gib, "k-o", label="in-core")
-        ax.plot(part.batch, part.minimum_whole_gib, "s--", label="smallest, whole convs")
-        ax.plot(part.batch, part.minimum_split_gib, "D-", label="smallest, split convs")
+        ax.plot(part.x, part.incore_gib, "k-o", label="in-core")
+        ax.plot(part.x, part.minimum_whole_gib, "s--", label="smallest, whole convs")
+        ax.plot(part.x, part.minimum_split_gib, "D-", label="smallest, split convs")
         ax.axhline(16160 / 1024, color="gray", lw=0.8, ls=":")
-        ax.set(title=model, xlabel="batch", ylabel="GiB")
+        ax.set(title=model if model != RESNEXT else f"{model}, batch 1",
+               xlabel="batch" if model != RESNEXT else "H = W (128 frames)", ylabel="GiB")
     axes[0].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -92,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     dyn = vdnn()
     dyn.to_csv(args.out_dir / "vdnn.csv", index=False)
     print(minimum.round(2).to_string(index=False))
-    print(fast[["model", "batch", "splitting", "feasible", "samples_per_s", "relative",
+    print(fast[["model", "batch", "input_size", "splitting", "feasible", "samples_per_s", "relative",
                 "split_ops"]].round(3).to_string(index=False))
     print(dyn[["policy", "feasible", "samples_per_s", "loss_vs_incore", "split_ops"]]
           .round(3).to_string(index=False))
