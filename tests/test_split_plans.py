@@ -243,3 +243,26 @@ def test_the_profiler_notes_each_convolutions_incoming_gradient(runs):
     tight = runs[5]
     calls = [c for s in tight.pooch.profiler.samples for c in s.conv_calls.values()]
     assert calls and all(c.gy is not None and c.gy[0][0] == c.x[0][0] for c in calls)
+
+
+def test_no_other_choice_of_configurations_beats_the_chosen_one_for_the_same_classes(small):
+    """Why the search needs no separate move over configurations: for given classes a
+    configuration changes only its own op (time, internal peak), so the fastest one fitting
+    at each op's tightest level is the best choice there (sim/configs.py), and the search
+    simulates every class set it tries with that choice. Checked against every choice one op
+    away from it, which may only be slower or not fit."""
+    budget = budget_between(small, 0.2)
+    chosen = classify(small, budget, "pooch")
+    assert chosen.feasible and chosen.configs
+    fitting = 0
+    for op, configs in zip(small.ops.index, small.ops["configs"]):
+        for pieces in [1] + [c[0] for c in configs] if len(configs) else []:
+            if pieces == chosen.configs.get(int(op), 1):
+                continue
+            other = {**chosen.configs, int(op): pieces}
+            run = simulate_plan(small, Plan("pooch", chosen.classes, configs=other),
+                                budget=budget)
+            if run.feasible:
+                fitting += 1
+                assert run.iteration_time_s >= chosen.iteration_time_s - 1e-12
+    assert fitting >= 20                             # the check had choices to compare
