@@ -266,3 +266,37 @@ def test_no_other_choice_of_configurations_beats_the_chosen_one_for_the_same_cla
                 fitting += 1
                 assert run.iteration_time_s >= chosen.iteration_time_s - 1e-12
     assert fitting >= 20                             # the check had choices to compare
+
+
+@pytest.mark.parametrize("name", ["vgg16", "alexnet"])
+def test_scaled_down_issue_networks_train_bit_identical_where_only_splits_fit(name):
+    """VGG-16 and AlexNet (the issue's b256 / b2432 targets), their topology at 1/16 of the
+    channels, batch 4, on the CPU device: within a budget halfway between the smallest with
+    splits and the smallest without, training equals plain Chainer's bit for bit."""
+    from pooch_ext.models.alexnet import AlexNet
+    from pooch_ext.models.vgg16 import VGG16
+
+    def make():
+        return VGG16(10, width=16, side=64) if name == "vgg16" else AlexNet(10, width=16)
+    shape = (3, 64, 64) if name == "vgg16" else (3, 227, 227)
+
+    def run(pooch=None):
+        np.random.seed(0)
+        model = make()
+        optimizer = make_optimizer(model, "momentum")
+        result = train(model, optimizer, synthetic_batches(6, 4, shape, 10), pooch)
+        if result.error is not None:
+            raise result.error
+        return result, model_state(model, optimizer)
+    plain, plain_state = run()
+    roomy, _ = run(dict(profile_iters=3, device=CpuDevice(), verbose=False))
+    profile = roomy.pooch.profile
+    floor, unsplit = minimum_budget(profile), minimum_budget(profile.without_configs())
+    assert floor < unsplit
+    tight, tight_state = run(dict(profile_iters=3, device=CpuDevice(), verbose=False,
+                                  budget=(floor + unsplit) // 2))
+    pooch = tight.pooch
+    assert pooch.plan.feasible and pooch.plan.configs
+    assert pooch.runtime.history[-1].splits
+    assert tight.losses == plain.losses and states_equal(tight_state, plain_state)
+    assert not pooch.overruns
