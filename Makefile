@@ -5,12 +5,14 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
+MPI_STAMP := $(VENV)/.installed-mpi-stamp
+MPIEXEC := $(BIN)/mpiexec
 # chainer 7.8.1 is an sdist whose build imports pkg_resources: pin setuptools < 81 for its build
 # (PIP_CONSTRAINT for pip < 25.3, PIP_BUILD_CONSTRAINT for newer pip).
 PIPENV := PIP_CONSTRAINT=$(CURDIR)/constraints.txt PIP_BUILD_CONSTRAINT=$(CURDIR)/constraints.txt \
           PIP_DISABLE_PIP_VERSION_CHECK=1
 
-.PHONY: install demo test lint experiments bench gpu-wheels clean
+.PHONY: install demo test lint experiments bench gpu-wheels clean demo-mpi test-mpi
 
 install: $(STAMP)
 
@@ -23,7 +25,19 @@ demo: $(STAMP)
 	$(BIN)/python -m pooch_ext.demo
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n 2
+	$(BIN)/python -m pytest -q -n 2 -m "not mpi"
+
+# data-parallel (ChainerMN over MPI, CPU): the environment gains the `mpi` extra
+$(MPI_STAMP): $(STAMP)
+	$(PIPENV) $(BIN)/python -m pip install -q -e '.[test,mpi]'
+	touch $(MPI_STAMP)
+
+demo-mpi: $(MPI_STAMP)
+	OPENBLAS_NUM_THREADS=1 $(MPIEXEC) -n 2 $(BIN)/python -m pooch_ext.demo_mpi
+
+# the MPI tests: 2 and 4 processes under mpiexec (tests/test_mpi.py starts them)
+test-mpi: $(MPI_STAMP)
+	POOCH_REQUIRE_MPI=1 $(BIN)/python -m pytest -q -m mpi tests/test_mpi.py
 
 # ruff (ruff.toml) on everything, mypy (mypy.ini) on the planning core
 lint: $(STAMP)

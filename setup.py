@@ -63,6 +63,9 @@ setup(
         "test": ["pytest>=7", "pytest-xdist>=3", "ruff>=0.5", "mypy>=1.8"],
         "cuda12": ["cupy-cuda12x>=13"],
         "cuda13": ["cupy-cuda13x>=14"],
+        # data-parallel training (ChainerMN, bundled with chainer): MPI from the package
+        # index, a wheel each (mpich brings mpiexec; mpi4py 4 loads its libmpi)
+        "mpi": ["mpi4py>=4", "mpich>=4"],
     },
     entry_points={"console_scripts": ["pooch-ext=pooch_ext.cli:main"]},
 )

@@ -1,6 +1,7 @@
 """``make demo``: train small-resnet under PoocH with a memory budget below its in-core need.
 
     python -m pooch_ext.demo [--iters 40] [--batch 32] [--budget-fraction 0.4] [--cpu]
+    mpiexec -n 2 python -m pooch_ext.demo --mpi [...]   (data parallel: pooch_ext/demo_mpi.py)
 
 1. measure the network's in-core need (a short profiling run);
 2. train it for ``--iters`` iterations twice from the same seed, plainly and under
@@ -100,7 +101,13 @@ def _plot_timeline(path: Path, pooch: Any) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the demo (see the module docstring); 0 when PoocH trained bit-identically."""
+    """Run the demo (see the module docstring); 0 when PoocH trained bit-identically.
+    ``--mpi``: the data-parallel example instead (pooch_ext/demo_mpi.py, under mpiexec)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "--mpi" in argv:
+        from pooch_ext import demo_mpi
+
+        return demo_mpi.main([a for a in argv if a != "--mpi"])
     args = _parse(argv)
     from tqdm import tqdm
 

@@ -79,3 +79,8 @@ class PolicyDoesNotFitError(BudgetTooSmallError):
         self.args = (f"policy {plan.policy} cannot fit the budget {format_bytes(budget)}: "
                      f"{plan.reason}; its plan needs {format_bytes(need)} ({need} bytes), the "
                      f"smallest budget any plan reaches is {format_bytes(floor)}",)
+
+
+class RanksDisagreeError(PoochError):
+    """Data-parallel ranks (ChainerMN) that must run the same iteration do not: different
+    models, batch sizes, graphs or PoocH settings. Raised on every rank alike."""

@@ -24,6 +24,10 @@ first optimizer update (``UnsupportedLoopError``). After the first update nothin
 a policy that cannot plan leaves the swap-all plan running, an unsupported iteration runs as
 plain Chainer.
 
+With ``comm`` (a ChainerMN communicator) every decision above is made once, on rank 0, from
+all ranks' profiles combined, and handed to every rank: the same schedule everywhere, the same
+refusal at the same point (pooch_ext/distributed.py).
+
 Variables the user's code still holds keep their arrays (only the graph's references are
 dropped); the profile measures how long they are held and plans count them as kept for that
 long.
@@ -36,12 +40,12 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-import pandas as pd
 from tqdm import tqdm
 
 import pooch_ext  # noqa: F401  (chainer import compat)
 import chainer
 
+from pooch_ext.distributed import Ranks
 from pooch_ext.errors import (BudgetTooSmallError, PolicyDoesNotFitError, PoochError,
                               UnsupportedLoopError)
 from pooch_ext.hooks.chainer_refs import check_chainer
@@ -58,11 +62,12 @@ from pooch_ext.hooks.update_gate import UpdateGate
 from pooch_ext.hooks.runtime_device import RuntimeDevice
 from pooch_ext.links import Link, get_link
 from pooch_ext.plan import Plan
+from pooch_ext.pooch_results import PoochResults
 from pooch_ext.policies import get_policy
 from pooch_ext.profile import Device, Profile
 from pooch_ext.sim.budgets import minimum_budget, resolve_host_budget
 from pooch_ext.sim.engine import simulate_plan
-from pooch_ext.units import format_bytes, parse_bytes
+from pooch_ext.units import parse_bytes
 
 log = logging.getLogger("pooch_ext")
 MAX_PLANS = 8     # graphs whose plans are kept (the last partial batch, a branch, ...)
@@ -70,14 +75,14 @@ RECENT = 64       # a graph without a plan seen in the last RECENT iterations ke
 _ACTIVE: list["PoocH"] = []       # the PoocH whose ``with`` block is running (at most one)
 
 
-class PoocH:
+class PoocH(PoochResults):
     """Context manager around a Chainer training loop; see the module docstring."""
 
     def __init__(self, model: chainer.Link | Sequence[chainer.Link], profile_iters: int = 3,
                  budget: int | str | None = None, link: str | Link = "auto",
                  policy: str | Callable | None = "pooch", device: RuntimeDevice | None = None,
                  verbose: bool = True, host_budget: int | str | None = None,
-                 split_convolutions: bool = True) -> None:
+                 split_convolutions: bool = True, comm: Any = None) -> None:
         check_chainer()        # a Chainer the runtime was not tested with is refused here
         if int(profile_iters) < 1:
             raise ValueError(f"profile_iters must be >= 1, got {profile_iters}")
@@ -92,6 +97,8 @@ class PoocH:
         self.policy = policy
         self.verbose = verbose
         self.split_convolutions = bool(split_convolutions)
+        # data-parallel ranks (a ChainerMN communicator): rank 0 decides for all of them
+        self.ranks = Ranks(comm) if comm is not None else None
         self.device = device
         self.profile: Profile | None = None
         self.plan: Plan | None = None
@@ -155,7 +162,7 @@ class PoocH:
     def _say(self, message: str) -> None:
         self.messages.append(message)
         log.info(message)
-        if self.verbose:
+        if self.verbose and (self.ranks is None or self.ranks.rank == 0):
             tqdm.write(f"PoocH: {message}", file=sys.stderr)   # safe beside progress bars
 
     def _start_profiling(self) -> None:
@@ -239,7 +246,7 @@ class PoocH:
             return                          # refused before the first update
         try:
             provisional = self._build_profile([self.profiler.current_sample(trace)])
-            self._check_fits(provisional)
+            self._agreed(provisional, self._check_fits)
         except BaseException:
             self._closing = True
             self.runtime.abandon()
@@ -314,7 +321,8 @@ class PoocH:
             self._apply_budget()
             return
         try:
-            plan = self._classify(profile, self.policy, self.host_budget)
+            profile, plan = self._agreed(profile, lambda agreed: self._classify(
+                agreed, self.policy, self.host_budget))
             program = compile_program(trace, profile, plan.schedule, plan.policy, plan.configs)
         except (BudgetTooSmallError, ExecutorError) as error:
             if graph.provisional is None:
@@ -333,7 +341,7 @@ class PoocH:
         """The swap-all program profiling runs, or None (the graph then runs on demand) when
         even swap-all cannot fit: said once, never raised (updates may have been made)."""
         try:
-            plan = self._classify(profile, "swap-all")
+            profile, plan = self._agreed(profile, lambda agreed: self._classify(agreed, "swap-all"))
         except BudgetTooSmallError as error:
             message = f"this graph cannot run within the budget ({error}); it runs unplanned"
             if message not in self._told:
@@ -371,6 +379,17 @@ class PoocH:
         return build_profile(samples, device, link, resident_bytes(self.models), meta,
                              measured_swaps=measured, configs_of=measure_splits)
 
+    def _agreed(self, profile: Profile, decide: Callable[[Profile], Any]) -> tuple[Profile, Any]:
+        """(profile, decide(profile)); with data-parallel ranks, every rank's profile
+        combined and the decision made on rank 0, the same on every rank (or its error
+        raised on every rank): pooch_ext/distributed.py."""
+        if self.ranks is None:
+            return profile, decide(profile)
+        settings = dict(budget=self.budget_bytes, policy=self._policy_name(),
+                        profile_iters=self.profile_iters, host_budget=self.host_budget,
+                        split_convolutions=self.split_convolutions)
+        return self.ranks.agree(profile, decide, settings)
+
     def _classify(self, profile: Profile, policy: str | Callable,
                   host_budget: float = math.inf) -> Plan:
         """``policy``: a policy name, or any ``classify(profile, budget, link) -> Plan`` (also
@@ -385,65 +404,6 @@ class PoocH:
         if not plan.feasible:
             raise PolicyDoesNotFitError(self.budget_bytes, plan, minimum_budget(profile))
         return plan
-
-    # ------------------------------------------------------------ results
-    @property
-    def phase(self) -> str:
-        """'profile' while the graph running now has no plan yet, 'execute' once it has."""
-        program = self.runtime.program if self.runtime is not None else None
-        return "execute" if program is not None and any(
-            g.program is program for g in self._graphs.values()) else "profile"
-
-    @property
-    def timeline(self) -> Any:
-        """The simulator's Timeline of the plan being executed (None before classification)."""
-        return None if self.plan is None else self.plan.timeline
-
-    def decision(self) -> str:
-        """One line: what was decided, what it is predicted to cost."""
-        plan, profile = self.plan, self.profile
-        counts = plan.counts
-        incore_s = profile.incore_time_s
-        return (f"{plan.policy} plan for {profile.meta.get('model', 'the model')}: "
-                f"keep {counts['keep']} / swap {counts['swap']} / recompute {counts['recompute']} "
-                f"feature maps; predicted {plan.iteration_time_s * 1e3:.1f} ms per iteration "
-                f"(in-core {incore_s * 1e3:.1f} ms), peak {format_bytes(plan.peak_bytes)} of a "
-                f"{format_bytes(self.budget_bytes)} budget (in-core needs "
-                f"{format_bytes(profile.incore_peak_bytes)}); classified in "
-                f"{plan.classify_seconds:.2g} s")
-
-    @property
-    def iterations(self) -> pd.DataFrame:
-        """Per iteration: phase, measured seconds, accounted peak, what the executor did."""
-        history = self.runtime.history if self.runtime is not None else []
-        rows = []
-        for position, stats in enumerate(history):
-            following = history[position + 1].started if position + 1 < len(history) else None
-            rows.append(dict(
-                iteration=stats.iteration, program=stats.program or "on-demand",
-                wall_s=(following - stats.started) if following else float("nan"),
-                compute_s=max(0.0, stats.finished - stats.started) if stats.finished else float("nan"),
-                peak_bytes=stats.peak_bytes, swap_outs=stats.swap_outs, swap_ins=stats.swap_ins,
-                recomputes=stats.recomputes, frees=stats.frees, splits=len(stats.splits),
-                on_demand=stats.on_demand, deviation=stats.deviation))
-        return pd.DataFrame(rows)
-
-    @property
-    def allocations(self) -> pd.DataFrame:
-        """The device's malloc/free events of the profiled iterations, in program order, each
-        attributed to the op running (-1 between ops; backward ops have their own index)."""
-        from pooch_ext.hooks.allocator import EVENT_COLUMNS
-
-        samples = self.profiler.samples if self.profiler is not None else []
-        rows = [(s.iteration,) + tuple(e) for s in samples for e in s.allocations]
-        return pd.DataFrame(rows, columns=["iteration", *EVENT_COLUMNS])
-
-    def extension(self) -> Any:
-        """A Trainer extension reporting pooch/* entries every iteration (for PrintReport)."""
-        from pooch_ext.trainer_report import PoocHReport
-
-        return PoocHReport(self)
-
 
 @dataclass
 class _Graph:

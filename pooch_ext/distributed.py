@@ -1,0 +1,128 @@
+"""PoocH under ChainerMN data parallelism (issue 17): every rank profiles its own iterations,
+and rank 0 decides for all, so every rank runs the same schedule and a refusal happens on
+every rank at the same point.
+
+At each decision (the first backward's refusal check, the profiling program, the plan) the
+ranks' profiles are gathered on rank 0 and combined into one (``combine_profiles``: the
+slowest rank's times, the largest bytes; the graphs must be the same), rank 0 decides on it,
+and the combined profile with the decision, or the error, is broadcast: every rank returns the
+same value or raises the same error (nobody is left waiting in a collective). ``comm`` is a
+ChainerMN communicator (``rank``, ``size``, ``gather_obj``, ``bcast_obj``); nothing here
+imports MPI.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, TypeVar
+
+import numpy as np
+
+from pooch_ext.errors import RanksDisagreeError
+from pooch_ext.profile import Profile
+
+T = TypeVar("T")
+# the columns that must agree between ranks (the graph), and those combined by their maximum
+_SAME = {"ops": ["phase", "name", "fwd_op", "inputs", "outputs", "needs"],
+         "tensors": ["producer", "shape", "dtype", "bytes", "kind"],
+         "memory": ["op", "kind", "tensor"]}
+_LARGEST = {"ops": ["duration_s", "runtime_s", "rerun_s", "transient_bytes"],
+            "tensors": ["swap_out_s", "swap_in_s"],
+            "memory": ["bytes"]}
+
+
+def _ranks_text(values: list) -> str:
+    return ", ".join(f"rank {rank}: {value}" for rank, value in enumerate(values))
+
+
+def check_same_iteration(profiles: list[Profile], settings: list[dict]) -> None:
+    """RanksDisagreeError naming the first difference between the ranks' iterations or
+    PoocH settings (batch size, model, budget, ...)."""
+    for what, values in (("PoocH settings", settings),
+                         ("batch sizes", [p.meta.get("batch") for p in profiles]),
+                         ("models", [p.meta.get("model") for p in profiles])):
+        if any(v != values[0] for v in values[1:]):
+            raise RanksDisagreeError(
+                f"data-parallel ranks differ in their {what} ({_ranks_text(values)}); every "
+                "rank must train the same model on the same batch size under the same PoocH")
+    first = profiles[0]
+    for rank, profile in enumerate(profiles[1:], start=1):
+        for table, columns in _SAME.items():
+            mine, theirs = getattr(first, table)[columns], getattr(profile, table)[columns]
+            if len(mine) != len(theirs) or not mine.astype(str).equals(theirs.astype(str)):
+                raise RanksDisagreeError(
+                    f"rank {rank}'s training iteration differs from rank 0's ({table}: "
+                    f"{len(theirs)} rows against {len(mine)}, or other shapes); every rank "
+                    "must run the same graph")
+
+
+def combine_profiles(profiles: list[Profile]) -> Profile:
+    """One profile for ranks that ran the same graph: the slowest rank's times and the
+    largest bytes (a plan that fits and hides its copies on the slowest rank does on all),
+    rank 0's split configurations and memory order."""
+    first = profiles[0]
+    tables = {}
+    for table, columns in _LARGEST.items():
+        frame = getattr(first, table).copy()
+        for column in columns:
+            frame[column] = np.max([getattr(p, table)[column].to_numpy() for p in profiles],
+                                   axis=0)
+        tables[table] = frame
+    rerun = tables["ops"]["rerun_s"].to_numpy()
+    # a map's recompute time is its chain's rerun times (profile_check), summed again
+    tables["tensors"]["recompute_s"] = [float(sum(rerun[k] for k in chain))
+                                        for chain in tables["tensors"]["recompute_ops"]]
+    action_s: dict[str, float] = {}
+    for profile in profiles:
+        for kind, seconds in profile.action_s.items():
+            action_s[kind] = max(action_s.get(kind, 0.0), float(seconds))
+    meta = dict(first.meta, ranks=len(profiles))
+    return Profile(tables["ops"], tables["tensors"], tables["memory"],
+                   max(p.resident_bytes for p in profiles), first.device, first.link, meta,
+                   action_s)
+
+
+@dataclass
+class Ranks:
+    """The ranks of a ChainerMN communicator, deciding together."""
+
+    comm: Any
+
+    @property
+    def rank(self) -> int:
+        return int(self.comm.rank)
+
+    @property
+    def size(self) -> int:
+        return int(self.comm.size)
+
+    def agree(self, profile: Profile, decide: Callable[[Profile], T], settings: dict
+              ) -> tuple[Profile, T]:
+        """(the combined profile, ``decide(combined)``) on every rank, computed on rank 0;
+        its exception, if any, raised on every rank."""
+        gathered = self.comm.gather_obj((profile, settings))
+        outcome: tuple | None = None
+        if self.rank == 0:
+            try:
+                profiles = [p for p, _ in gathered]
+                check_same_iteration(profiles, [s for _, s in gathered])
+                combined = combine_profiles(profiles)
+                outcome = ("value", combined, decide(combined))
+            except Exception as error:   # noqa: BLE001 - raised on every rank below
+                outcome = ("error",) + _portable(error)
+        outcome = self.comm.bcast_obj(outcome)
+        if outcome[0] == "error":
+            raise _rebuilt(*outcome[1:])
+        return outcome[1], outcome[2]
+
+
+def _portable(error: BaseException) -> tuple:
+    """An exception as (class, args, attributes): our errors take other arguments than the
+    message they keep, so pickling them whole would not rebuild them."""
+    return type(error), error.args, dict(vars(error))
+
+
+def _rebuilt(cls: type, args: tuple, attributes: dict) -> BaseException:
+    error = cls.__new__(cls, *args)
+    error.args = args
+    vars(error).update(attributes)
+    return error

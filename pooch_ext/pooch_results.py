@@ -1,0 +1,78 @@
+"""What a PoocH run tells its user (mixed into PoocH): the phase, the decision in one line,
+per-iteration figures, the profiled allocations, a Trainer extension."""
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+
+from pooch_ext.units import format_bytes
+
+
+class PoochResults:
+    """PoocH's read-only views of its plan and runtime (``plan``, ``profile``, ``runtime``,
+    ``profiler``, ``budget_bytes`` and ``_graphs`` are PoocH's)."""
+
+    plan: Any
+    profile: Any
+    runtime: Any
+    profiler: Any
+    budget_bytes: Any
+    _graphs: dict
+
+    @property
+    def phase(self) -> str:
+        """'profile' while the graph running now has no plan yet, 'execute' once it has."""
+        program = self.runtime.program if self.runtime is not None else None
+        return "execute" if program is not None and any(
+            g.program is program for g in self._graphs.values()) else "profile"
+
+    @property
+    def timeline(self) -> Any:
+        """The simulator's Timeline of the plan being executed (None before classification)."""
+        return None if self.plan is None else self.plan.timeline
+
+    def decision(self) -> str:
+        """One line: what was decided, what it is predicted to cost."""
+        plan, profile = self.plan, self.profile
+        counts = plan.counts
+        incore_s = profile.incore_time_s
+        return (f"{plan.policy} plan for {profile.meta.get('model', 'the model')}: "
+                f"keep {counts['keep']} / swap {counts['swap']} / recompute {counts['recompute']} "
+                f"feature maps; predicted {plan.iteration_time_s * 1e3:.1f} ms per iteration "
+                f"(in-core {incore_s * 1e3:.1f} ms), peak {format_bytes(plan.peak_bytes)} of a "
+                f"{format_bytes(self.budget_bytes)} budget (in-core needs "
+                f"{format_bytes(profile.incore_peak_bytes)}); classified in "
+                f"{plan.classify_seconds:.2g} s")
+
+    @property
+    def iterations(self) -> pd.DataFrame:
+        """Per iteration: phase, measured seconds, accounted peak, what the executor did."""
+        history = self.runtime.history if self.runtime is not None else []
+        rows = []
+        for position, stats in enumerate(history):
+            following = history[position + 1].started if position + 1 < len(history) else None
+            rows.append(dict(
+                iteration=stats.iteration, program=stats.program or "on-demand",
+                wall_s=(following - stats.started) if following else float("nan"),
+                compute_s=max(0.0, stats.finished - stats.started) if stats.finished else float("nan"),
+                peak_bytes=stats.peak_bytes, swap_outs=stats.swap_outs, swap_ins=stats.swap_ins,
+                recomputes=stats.recomputes, frees=stats.frees, splits=len(stats.splits),
+                on_demand=stats.on_demand, deviation=stats.deviation))
+        return pd.DataFrame(rows)
+
+    @property
+    def allocations(self) -> pd.DataFrame:
+        """The device's malloc/free events of the profiled iterations, in program order, each
+        attributed to the op running (-1 between ops; backward ops have their own index)."""
+        from pooch_ext.hooks.allocator import EVENT_COLUMNS
+
+        samples = self.profiler.samples if self.profiler is not None else []
+        rows = [(s.iteration,) + tuple(e) for s in samples for e in s.allocations]
+        return pd.DataFrame(rows, columns=["iteration", *EVENT_COLUMNS])
+
+    def extension(self) -> Any:
+        """A Trainer extension reporting pooch/* entries every iteration (for PrintReport)."""
+        from pooch_ext.trainer_report import PoocHReport
+
+        return PoocHReport(self)

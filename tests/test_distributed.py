@@ -1,0 +1,92 @@
+"""Rank agreement (pooch_ext/distributed.py) without MPI: profiles combined and checked, rank
+0's decision or error handed to every rank. tests/test_mpi.py runs it for real."""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from pooch_ext.distributed import Ranks, check_same_iteration, combine_profiles
+from pooch_ext.errors import BudgetTooSmallError, RanksDisagreeError
+from pooch_ext.measure import measured_profile
+
+
+@pytest.fixture(scope="module")
+def profiles():
+    """Two measured profiles of the same network and batch (two 'ranks'), and one at another
+    batch size."""
+    first = measured_profile("small-resnet", 8, iters=2, link="cpu")
+    second = measured_profile("small-resnet", 8, iters=2, link="cpu")
+    other = measured_profile("small-resnet", 4, iters=2, link="cpu")
+    return first, second, other
+
+
+class FakeComm:
+    """Rank 0 of a communicator whose other ranks sent ``others`` (gather) and which keeps
+    what rank 0 broadcasts."""
+
+    def __init__(self, others: list, rank: int = 0) -> None:
+        self.rank, self.size, self.others, self.sent = rank, 1 + len(others), others, []
+
+    def gather_obj(self, obj, root=0):
+        return [obj, *self.others]
+
+    def bcast_obj(self, obj, root=0):
+        self.sent.append(obj)
+        return obj
+
+
+def test_the_combined_profile_takes_the_slowest_rank_and_stays_consistent(profiles):
+    first, second, _ = profiles
+    combined = combine_profiles([first, second])
+    combined.check()                       # the profile contract holds (recompute_s too)
+    assert np.array_equal(combined.ops.duration_s,
+                          np.maximum(first.ops.duration_s, second.ops.duration_s))
+    assert np.array_equal(combined.tensors.swap_in_s,
+                          np.maximum(first.tensors.swap_in_s, second.tensors.swap_in_s))
+    assert combined.incore_time_s >= max(first.incore_time_s, second.incore_time_s) - 1e-12
+    assert combined.meta["ranks"] == 2
+
+
+def test_ranks_with_other_batches_graphs_or_settings_are_told_apart(profiles):
+    first, second, other = profiles
+    settings = dict(budget=1 << 20, policy="pooch")
+    check_same_iteration([first, second], [settings, settings])
+    with pytest.raises(RanksDisagreeError, match=r"batch sizes \(rank 0: 8, rank 1: 4\)"):
+        check_same_iteration([first, other], [settings, settings])
+    with pytest.raises(RanksDisagreeError, match="PoocH settings"):
+        check_same_iteration([first, second], [settings, dict(settings, budget=1)])
+    fewer = dataclasses.replace(second, meta=dict(second.meta))
+    fewer.ops = second.ops.iloc[:-1]
+    with pytest.raises(RanksDisagreeError, match="rank 1's training iteration differs"):
+        check_same_iteration([first, fewer], [settings, settings])
+
+
+def test_rank_zero_decides_on_the_combined_profile_and_its_error_reaches_every_rank(profiles):
+    first, second, _ = profiles
+    settings = dict(budget=1)
+    comm = FakeComm([(second, settings)])
+    seen = []
+    combined, value = Ranks(comm).agree(first, lambda p: seen.append(p) or "plan", settings)
+    assert value == "plan" and seen == [combined] and combined.meta["ranks"] == 2
+
+    def refuse(profile):
+        raise BudgetTooSmallError(1, 2, "net")
+    comm = FakeComm([(second, settings)])
+    with pytest.raises(BudgetTooSmallError) as caught:
+        Ranks(comm).agree(first, refuse, settings)
+    assert caught.value.minimum_bytes == 2 and "net" in str(caught.value)
+    assert comm.sent[0][0] == "error"      # what the other ranks receive and raise
+
+
+def test_other_ranks_take_rank_zeros_outcome_without_deciding(profiles):
+    first, _, _ = profiles
+
+    class Follower(FakeComm):
+        def bcast_obj(self, obj, root=0):
+            assert obj is None             # a rank other than 0 sends nothing
+            return ("value", first, "rank 0's plan")
+    called = []
+    combined, value = Ranks(Follower([], rank=1)).agree(first, called.append, {})
+    assert value == "rank 0's plan" and combined is first and not called
