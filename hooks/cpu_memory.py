@@ -123,6 +123,18 @@ class Counter:
         return self.module.restart(self.WINDOW)
 
     @contextmanager
+    def above_live(self, found: list[int]) -> Iterator[None]:
+        """Append to ``found`` the most bytes the block held at once above what was live when
+        it began (its scratch), counted in the device's peak as ever; the window keeps its
+        own high point too."""
+        live, window = self.live(), self.reset_window()
+        try:
+            yield
+        finally:
+            found.append(max(0, self.window() - live))
+            self.module.lift(self.WINDOW, window)
+
+    @contextmanager
     def apart(self) -> Iterator[None]:
         """Count inside the block (its own live and peak can be read), then take it out of
         the peak and the window: arrays it made and freed were never the device's (PoocH's

@@ -241,10 +241,11 @@ def _use_measured_swap_times(profile: Profile, use: list[IterationSample]) -> No
 
 def _measured_costs(use: list[IterationSample], k: int, j: int, calls: dict,
                     configs_of: Callable[[Any], tuple[list, list]] | None,
-                    unmodelled: dict[int, int]) -> dict:
+                    unmodelled: dict[int, int], tail: tuple[float, int] = (0.0, 0)) -> dict:
     """The builder's costs of forward op ``k`` (backward op ``j``, -1: none) from the samples
     ``use``: medians of times, maxima of scratch, each as the whole op would have taken where
-    a sample ran it split; with its split configurations where ``configs_of`` offers some."""
+    a sample ran it split; with its split configurations where ``configs_of`` offers some.
+    ``tail``: (seconds, scratch bytes) run right after the backward op (``build_profile``)."""
     change = {s.iteration: _split_change(s, k, calls, configs_of) for s in use}
     # a whole op's time from a split run less the split's measured change: timing noise can
     # take it below zero (a split's change is measured on probes, once), never a real time
@@ -261,6 +262,8 @@ def _measured_costs(use: list[IterationSample], k: int, j: int, calls: dict,
                                        for s in use])
                                   + unmodelled.get(j, 0)) if j >= 0 else 0,
         saved_bytes=int(_median([s.saved_bytes.get(k, 0) for s in use])))
+    row["backward_s"] += tail[0]
+    row["backward_transient_bytes"] = max(row["backward_transient_bytes"], tail[1])
     if k in calls and configs_of is not None:
         forward, backward = configs_of(calls[k])
         row["configs"] = _shifted(forward, row["transient_bytes"], row["duration_s"])
@@ -272,11 +275,15 @@ def _measured_costs(use: list[IterationSample], k: int, j: int, calls: dict,
 
 def build_profile(samples: list[IterationSample], device: Device, link: Link, resident: int,
                   meta: dict | None = None, measured_swaps: bool = True,
-                  configs_of: Callable[[Any], tuple[list, list]] | None = None) -> Profile:
+                  configs_of: Callable[[Any], tuple[list, list]] | None = None,
+                  after_backward: tuple[float, int] | None = None) -> Profile:
     """The measured Profile of ``samples`` (all of one graph); the first is a warm-up when there
     are two or more. ``measured_swaps``: take swap times from the copies, else from ``link``.
     ``configs_of(call)``: a profiled convolution's split configurations as changes to its
-    whole (hooks/conv_configs.measured_configs); None: no op gets any."""
+    whole (hooks/conv_configs.measured_configs); None: no op gets any. ``after_backward``:
+    (seconds, scratch bytes) of work every iteration runs right after its last backward op
+    (data parallelism's gradient all-reduce), charged to that op: every plan then pays its
+    time, and its scratch at the memory level where backward ends."""
     if not samples:
         raise ProfileError("no profiled iteration to build a profile from")
     use = samples[1:] if len(samples) > 1 else samples
@@ -293,15 +300,21 @@ def build_profile(samples: list[IterationSample], device: Device, link: Link, re
     calls = next((s.conv_calls for s in reversed(use) if s.conv_calls), {}) \
         if configs_of is not None else {}
 
+    last = trace.backward_order[-1] if trace.backward_order else -1
+
     def cost(_trace: GraphTrace, op: Any) -> dict:
+        tail = after_backward if after_backward is not None and op.index == last else (0.0, 0)
         return _measured_costs(use, op.index, bwd_index.get(op.index, -1), calls, configs_of,
-                               unmodelled)
+                               unmodelled, tail)
 
     info = dict(meta or {})
     info.setdefault("source", "measured")
     info["profiled_iterations"] = [s.iteration for s in samples]
     info["measured_iterations"] = [s.iteration for s in use]
     info["measured_at"] = time.strftime("%Y-%m-%dT%H:%M:%S")
+    if after_backward is not None:
+        info["after_backward"] = dict(seconds=float(after_backward[0]),
+                                      scratch_bytes=int(after_backward[1]))
 
     cleared = cleared_gradients(trace, use)
     if cleared:

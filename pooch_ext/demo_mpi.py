@@ -117,7 +117,11 @@ def main(argv: list[str] | None = None) -> int:
 
 def _summary(size: int, budget: int, pooch: Any, ranks: list[dict]) -> dict:
     plan = pooch.plan
+    allreduce = pooch.profile.meta.get("after_backward") or {}
     return dict(ranks=size, budget_bytes=int(budget), policy=plan.policy, counts=plan.counts,
+                allreduce_s=allreduce.get("seconds"),
+                allreduce_scratch_bytes=allreduce.get("scratch_bytes"),
+                predicted_iteration_s=plan.iteration_time_s,
                 same_plan=all(r["classes"] == ranks[0]["classes"] for r in ranks),
                 identical=all(r["identical"] for r in ranks),
                 different_ranks=[k for k, r in enumerate(ranks) if not r["identical"]],
@@ -141,7 +145,12 @@ def _print_summary(args: argparse.Namespace, summary: dict) -> None:
           + ", ".join(format_bytes(p) for p in summary["measured_peak_bytes"])
           + f" (predicted {format_bytes(summary['predicted_peak_bytes'])})\n"
           f"iteration (slowest rank): plain {summary['plain_iteration_s'] * 1e3:.1f} ms, "
-          f"PoocH {summary['pooch_iteration_s'] * 1e3:.1f} ms\n"
+          f"PoocH {summary['pooch_iteration_s'] * 1e3:.1f} ms (predicted "
+          f"{summary['predicted_iteration_s'] * 1e3:.1f} ms, "
+          + (f"with the gradient all-reduce's {summary['allreduce_s'] * 1e3:.1f} ms and "
+             f"{format_bytes(summary['allreduce_scratch_bytes'])} of scratch, measured)\n"
+             if summary["allreduce_s"] is not None else
+             "no all-reduce measured before the plan: --profile-iters below 3)\n")
           + ("losses and parameters on every rank: identical to plain ChainerMN, bit for bit"
              if summary["identical"] else
              "losses or parameters DIFFER from plain ChainerMN on ranks "

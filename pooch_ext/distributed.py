@@ -12,6 +12,8 @@ imports MPI.
 """
 from __future__ import annotations
 
+import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any, Callable, TypeVar
 
@@ -113,6 +115,41 @@ class Ranks:
         if outcome[0] == "error":
             raise _rebuilt(*outcome[1:])
         return outcome[1], outcome[2]
+
+
+class AllreduceMeter:
+    """Times the gradient all-reduce (the communicator's ``multi_node_mean_grad``, which
+    ChainerMN's optimizer runs in every update after the first, which only broadcasts) and
+    measures its scratch with the device's allocation counter where it has one (the CPU
+    device; on a GPU its time only): ``after_backward`` for the profile."""
+
+    def __init__(self, comm: Any, counter: Any = None) -> None:
+        self.comm, self.counter = comm, counter
+        self.seconds: list[float] = []
+        self.scratch: list[int] = []
+
+    def install(self) -> None:
+        original = self.comm.multi_node_mean_grad
+        meter = self
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            with meter.counter.above_live(meter.scratch) if meter.counter is not None \
+                    else nullcontext():
+                began = time.perf_counter()
+                try:
+                    return original(*args, **kwargs)
+                finally:
+                    meter.seconds.append(time.perf_counter() - began)
+        self.comm.multi_node_mean_grad = timed        # on this instance only
+
+    def remove(self) -> None:
+        vars(self.comm).pop("multi_node_mean_grad", None)
+
+    def after_backward(self) -> tuple[float, int] | None:
+        """(median seconds, largest scratch) of the all-reduces so far; None before any."""
+        if not self.seconds:
+            return None
+        return float(np.median(self.seconds)), max(self.scratch, default=0)
 
 
 def _portable(error: BaseException) -> tuple:

@@ -45,7 +45,7 @@ from tqdm import tqdm
 import pooch_ext  # noqa: F401  (chainer import compat)
 import chainer
 
-from pooch_ext.distributed import Ranks
+from pooch_ext.distributed import AllreduceMeter, Ranks
 from pooch_ext.errors import (BudgetTooSmallError, PolicyDoesNotFitError, PoochError,
                               UnsupportedLoopError)
 from pooch_ext.hooks.chainer_refs import check_chainer
@@ -99,6 +99,7 @@ class PoocH(PoochResults):
         self.split_convolutions = bool(split_convolutions)
         # data-parallel ranks (a ChainerMN communicator): rank 0 decides for all of them
         self.ranks = Ranks(comm) if comm is not None else None
+        self._allreduce: AllreduceMeter | None = None
         self.device = device
         self.profile: Profile | None = None
         self.plan: Plan | None = None
@@ -140,6 +141,10 @@ class PoocH(PoochResults):
         self.runtime.__enter__()
         _ACTIVE.append(self)
         self._gate.install()
+        if self.ranks is not None:
+            self._allreduce = AllreduceMeter(self.ranks.comm, getattr(self.device, "counter",
+                                                                      None))
+            self._allreduce.install()
         self._start_profiling()
         return self
 
@@ -148,6 +153,8 @@ class PoocH(PoochResults):
         if self in _ACTIVE:
             _ACTIVE.remove(self)
         self._gate.remove()
+        if self._allreduce is not None:
+            self._allreduce.remove()
         try:
             if exc_type is not None:
                 self._closing = True
@@ -376,8 +383,10 @@ class PoocH(PoochResults):
         device = Device(self.device.name, int(self.budget_bytes), self.device.kind)
         measure_splits = (lambda call: measured_configs(call, self.device)) \
             if self.split_convolutions else None
+        after = self._allreduce.after_backward() if self._allreduce is not None else None
         return build_profile(samples, device, link, resident_bytes(self.models), meta,
-                             measured_swaps=measured, configs_of=measure_splits)
+                             measured_swaps=measured, configs_of=measure_splits,
+                             after_backward=after)
 
     def _agreed(self, profile: Profile, decide: Callable[[Profile], Any]) -> tuple[Profile, Any]:
         """(profile, decide(profile)); with data-parallel ranks, every rank's profile

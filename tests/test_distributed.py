@@ -90,3 +90,51 @@ def test_other_ranks_take_rank_zeros_outcome_without_deciding(profiles):
     called = []
     combined, value = Ranks(Follower([], rank=1)).agree(first, called.append, {})
     assert value == "rank 0's plan" and combined is first and not called
+
+
+def test_the_all_reduce_meter_times_the_call_and_counts_its_scratch():
+    from pooch_ext.distributed import AllreduceMeter
+    from pooch_ext.hooks.cpu_device import CpuDevice
+
+    class Comm:
+        def multi_node_mean_grad(self, model, zero_fill=False):
+            scratch = np.ones(1 << 18, np.float32)          # 1 MiB, freed on return
+            return float(scratch.sum())
+    device = CpuDevice()
+    try:
+        comm = Comm()
+        meter = AllreduceMeter(comm, device.counter)
+        assert meter.after_backward() is None               # nothing measured yet
+        meter.install()
+        device.counter.use(True)
+        assert comm.multi_node_mean_grad(None) == float(1 << 18)
+        meter.remove()
+        seconds, scratch = meter.after_backward()
+        assert seconds > 0 and scratch >= 1 << 20
+        assert "multi_node_mean_grad" not in vars(comm)      # the class's method again
+    finally:
+        device.restore()
+
+
+def test_work_after_backward_is_charged_to_the_last_backward_op():
+    """Every plan pays the all-reduce's time, and holds its scratch where backward ends."""
+    from pooch_ext.distributed import AllreduceMeter
+    from pooch_ext.hooks.cpu_device import CpuDevice
+    from pooch_ext.testing import BranchyNet, make_optimizer, synthetic_batches, train
+
+    np.random.seed(0)
+    model = BranchyNet()
+    result = train(model, make_optimizer(model), synthetic_batches(2, 4, (3, 16, 16), 5),
+                   dict(profile_iters=2, policy=None, device=CpuDevice(), verbose=False))
+    pooch = result.pooch
+    samples = pooch.profiler.samples
+    plain = pooch._build_profile(samples)
+    pooch._allreduce = AllreduceMeter(None)
+    pooch._allreduce.seconds, pooch._allreduce.scratch = [0.25], [1 << 30]
+    charged = pooch._build_profile(samples)
+    last = plain.ops.index[-1]
+    assert charged.ops.duration_s[last] == pytest.approx(plain.ops.duration_s[last] + 0.25)
+    assert charged.ops.transient_bytes[last] >= 1 << 30
+    assert charged.incore_time_s == pytest.approx(plain.incore_time_s + 0.25)
+    assert charged.incore_peak_bytes >= (1 << 30) > plain.incore_peak_bytes
+    assert charged.meta["after_backward"] == dict(seconds=0.25, scratch_bytes=1 << 30)
