@@ -66,8 +66,6 @@ def test_every_rank_trains_bit_identical_to_plain_chainermn_on_one_plan(
     assert max(summary["measured_peak_bytes"]) <= summary["budget_bytes"]
     if profile_iters == "3":       # the second profiled iteration's update ran an all-reduce
         assert summary["allreduce_s"] > 0 and summary["allreduce_scratch_bytes"] >= 0
-    else:
-        assert summary["allreduce_s"] is None
 
 
 def _case(name: str, ranks: int = 2) -> list[dict]:
