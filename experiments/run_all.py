@@ -32,6 +32,7 @@ EXPERIMENTS = {
     "fig21_22": ("fig21_22_resnext3d", "fig21_22"),
     "beyond": ("beyond_paper", "beyond"),
     "splits": ("split_convolutions", "splits"),
+    "data_parallel": ("data_parallel_scaling", "data_parallel"),
 }
 
 

@@ -293,3 +293,19 @@ def test_mucudnn_comparison_runs_from_saved_profiles(tmp_path):
     assert (frame.wd_s <= frame.wr_s + 1e-12).all()
     assert frame.undivided_s.isna().iloc[0] and frame.undivided_s.notna().iloc[-1]
     assert frame.wr_s.notna().all() and frame.limit_mib.is_monotonic_increasing
+
+
+@pytest.mark.slow
+def test_data_parallel_scaling(tmp_path):
+    import data_parallel_scaling as dp
+
+    assert dp.main(["--out-dir", str(tmp_path), "--gpus", "1,5"]) == 0
+    table = check_outputs(tmp_path, ["scaling.csv"], ["scaling.png"])["scaling.csv"]
+    assert len(table) == 4 and table.feasible.all()
+    one = table[table.gpus == 1]
+    assert (one.allreduce_s == 0).all() and (one.speedup == 1).all()
+    five = table[table.gpus == 5].set_index("link")
+    # the x86 host halves a GPU's bandwidth beyond 4 GPUs; the all-reduce costs time
+    assert five.loc["pcie3", "per_gpu_gb_s"] == 6 and (five.allreduce_s > 0).all()
+    assert (five.speedup < 5).all() and (five.speedup > 4).all()
+    assert (table.end_of_backward_bytes < 16 * 2 ** 30).all()
