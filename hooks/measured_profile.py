@@ -273,6 +273,20 @@ def _measured_costs(use: list[IterationSample], k: int, j: int, calls: dict,
     return row
 
 
+def _meta(meta: dict | None, samples: list[IterationSample], use: list[IterationSample],
+          after_backward: tuple[float, int] | None) -> dict:
+    """The measured profile's meta: the caller's, and which iterations it was measured on."""
+    info = dict(meta or {})
+    info.setdefault("source", "measured")
+    info["profiled_iterations"] = [s.iteration for s in samples]
+    info["measured_iterations"] = [s.iteration for s in use]
+    info["measured_at"] = time.strftime("%Y-%m-%dT%H:%M:%S")
+    if after_backward is not None:
+        info["after_backward"] = dict(seconds=float(after_backward[0]),
+                                      scratch_bytes=int(after_backward[1]))
+    return info
+
+
 def build_profile(samples: list[IterationSample], device: Device, link: Link, resident: int,
                   meta: dict | None = None, measured_swaps: bool = True,
                   configs_of: Callable[[Any], tuple[list, list]] | None = None,
@@ -307,14 +321,7 @@ def build_profile(samples: list[IterationSample], device: Device, link: Link, re
         return _measured_costs(use, op.index, bwd_index.get(op.index, -1), calls, configs_of,
                                unmodelled, tail)
 
-    info = dict(meta or {})
-    info.setdefault("source", "measured")
-    info["profiled_iterations"] = [s.iteration for s in samples]
-    info["measured_iterations"] = [s.iteration for s in use]
-    info["measured_at"] = time.strftime("%Y-%m-%dT%H:%M:%S")
-    if after_backward is not None:
-        info["after_backward"] = dict(seconds=float(after_backward[0]),
-                                      scratch_bytes=int(after_backward[1]))
+    info = _meta(meta, samples, use, after_backward)
 
     cleared = cleared_gradients(trace, use)
     if cleared:
