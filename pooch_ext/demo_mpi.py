@@ -1,7 +1,7 @@
 """``make demo-mpi``: data-parallel training (ChainerMN) under PoocH on every rank.
 
     mpiexec -n 2 python -m pooch_ext.demo_mpi [--model small-resnet] [--batch 16]
-        [--iters 10] [--budget-fraction 0.15]    (or: python -m pooch_ext.demo --mpi ...)
+        [--iters 10] [--budget-fraction 0]    (or: python -m pooch_ext.demo --mpi ...)
 
 Each rank trains its own shard of a synthetic task twice from the same seed, plainly with
 ChainerMN (``create_multi_node_optimizer`` over the ``naive`` communicator: MPI, CPU) and
@@ -29,7 +29,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--batch", type=int, default=16, help="samples per rank")
     parser.add_argument("--iters", type=int, default=10)
     parser.add_argument("--profile-iters", type=int, default=3)
-    parser.add_argument("--budget-fraction", type=float, default=0.15,
+    parser.add_argument("--budget-fraction", type=float, default=0.0,
                         help="of the way from the smallest budget to the in-core need")
     parser.add_argument("--policy", default="pooch")
     parser.add_argument("--link", default="cpu", help="the CPU device's copy-engine link")
