@@ -19,17 +19,15 @@ from typing import Any, Callable, TypeVar
 
 import numpy as np
 
-from pooch_ext.errors import RanksDisagreeError
+from pooch_ext.errors import PoochError, RanksDisagreeError
 from pooch_ext.profile import Profile
 
 T = TypeVar("T")
 # the columns that must agree between ranks (the graph), and those combined by their maximum
 _SAME = {"ops": ["phase", "name", "fwd_op", "inputs", "outputs", "needs"],
-         "tensors": ["producer", "shape", "dtype", "bytes", "kind"],
-         "memory": ["op", "kind", "tensor"]}
+         "tensors": ["producer", "shape", "dtype", "bytes", "kind"]}
 _LARGEST = {"ops": ["duration_s", "runtime_s", "rerun_s", "transient_bytes"],
-            "tensors": ["swap_out_s", "swap_in_s"],
-            "memory": ["bytes"]}
+            "tensors": ["swap_out_s", "swap_in_s"]}
 
 
 def _ranks_text(values: list) -> str:
@@ -59,10 +57,12 @@ def check_same_iteration(profiles: list[Profile], settings: list[dict]) -> None:
 
 def combine_profiles(profiles: list[Profile]) -> Profile:
     """One profile for ranks that ran the same graph: the slowest rank's times and the
-    largest bytes (a plan that fits and hides its copies on the slowest rank does on all),
-    rank 0's split configurations and memory order."""
-    first = profiles[0]
-    tables = {}
+    largest scratch (a plan that fits and hides its copies on the slowest rank does on all);
+    the memory events, split configurations and meta of the rank with the highest in-core
+    peak (each rank adds the scratch it measured beyond the graph model as events of its own,
+    so their event lists may differ in length)."""
+    first = max(profiles, key=lambda p: p.incore_peak_bytes)
+    tables = {"memory": first.memory}
     for table, columns in _LARGEST.items():
         frame = getattr(first, table).copy()
         for column in columns:
@@ -88,6 +88,14 @@ class Ranks:
     """The ranks of a ChainerMN communicator, deciding together."""
 
     comm: Any
+
+    def __post_init__(self) -> None:
+        missing = [name for name in ("rank", "size", "gather_obj", "bcast_obj",
+                                     "multi_node_mean_grad") if not hasattr(self.comm, name)]
+        if missing:
+            raise PoochError(
+                f"comm must be a ChainerMN communicator (chainermn.create_communicator(...)); "
+                f"{type(self.comm).__name__} has no {', '.join(missing)}")
 
     @property
     def rank(self) -> int:

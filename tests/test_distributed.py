@@ -29,6 +29,9 @@ class FakeComm:
     def __init__(self, others: list, rank: int = 0) -> None:
         self.rank, self.size, self.others, self.sent = rank, 1 + len(others), others, []
 
+    def multi_node_mean_grad(self, model, zero_fill=False):
+        return None
+
     def gather_obj(self, obj, root=0):
         return [obj, *self.others]
 
@@ -138,3 +141,14 @@ def test_work_after_backward_is_charged_to_the_last_backward_op():
     assert charged.incore_time_s == pytest.approx(plain.incore_time_s + 0.25)
     assert charged.incore_peak_bytes >= (1 << 30) > plain.incore_peak_bytes
     assert charged.meta["after_backward"] == dict(seconds=0.25, scratch_bytes=1 << 30)
+
+
+def test_a_communicator_that_is_not_chainermns_is_refused_with_what_it_lacks():
+    from pooch_ext.errors import PoochError
+    from pooch_ext.pooch import PoocH
+    from pooch_ext.testing import BranchyNet
+
+    class MpiLike:                           # mpi4py's COMM_WORLD has rank and size only
+        rank, size = 0, 1
+    with pytest.raises(PoochError, match="ChainerMN communicator.*gather_obj"):
+        PoocH(BranchyNet(), comm=MpiLike())
