@@ -51,6 +51,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 
     parser = argparse.ArgumentParser(prog="python -m pooch_ext.demo",
                                      description=__doc__.splitlines()[0])
+    parser.add_argument("--mpi", action="store_true",
+                        help="the data-parallel example instead (under mpiexec; its options: "
+                             "python -m pooch_ext.demo_mpi --help)")
     parser.add_argument("--model", default="small-resnet")
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--iters", type=int, default=40)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, TypeVar
 
 import numpy as np
+import pandas as pd
 
 from pooch_ext.errors import PoochError, RanksDisagreeError
 from pooch_ext.profile import Profile
@@ -58,17 +59,18 @@ def check_same_iteration(profiles: list[Profile], settings: list[dict]) -> None:
 def combine_profiles(profiles: list[Profile]) -> Profile:
     """One profile for ranks that ran the same graph: the slowest rank's times and the
     largest scratch (a plan that fits and hides its copies on the slowest rank does on all);
-    the memory events, split configurations and meta of the rank with the highest in-core
-    peak (each rank adds the scratch it measured beyond the graph model as events of its own,
-    so their event lists may differ in length)."""
+    split configurations and meta of the rank with the highest in-core peak, and its memory
+    events with every op's scratch the largest any rank measured (``_with_transients``: a rank
+    may measure scratch at an op where another measured none, so their event lists differ)."""
     first = max(profiles, key=lambda p: p.incore_peak_bytes)
-    tables = {"memory": first.memory}
+    tables = {}
     for table, columns in _LARGEST.items():
         frame = getattr(first, table).copy()
         for column in columns:
             frame[column] = np.max([getattr(p, table)[column].to_numpy() for p in profiles],
                                    axis=0)
         tables[table] = frame
+    tables["memory"] = _with_transients(first.memory, tables["ops"]["transient_bytes"])
     rerun = tables["ops"]["rerun_s"].to_numpy()
     # a map's recompute time is its chain's rerun times (profile_check), summed again
     tables["tensors"]["recompute_s"] = [float(sum(rerun[k] for k in chain))
@@ -81,6 +83,34 @@ def combine_profiles(profiles: list[Profile]) -> Profile:
     return Profile(tables["ops"], tables["tensors"], tables["memory"],
                    max(p.resident_bytes for p in profiles), first.device, first.link, meta,
                    action_s)
+
+
+def _with_transients(memory: pd.DataFrame, transient: pd.Series) -> pd.DataFrame:
+    """``memory`` (events in op order, each op's scratch one malloc/free pair of category
+    "transient", as the builder writes them) with each op's pair holding ``transient[op]``
+    bytes: in the pair's place, or after the op's last allocation where it had none."""
+    rows, events = [], memory.to_dict("records")
+    by_op: dict[int, list[dict]] = {}
+    for event in events:
+        by_op.setdefault(int(event["op"]), []).append(event)
+    for op in range(len(transient)):
+        group = [e for e in by_op.get(op, []) if e["category"] != "transient"]
+        nbytes = int(transient.iloc[op])
+        if nbytes > 0:
+            had = [k for k, e in enumerate(by_op.get(op, [])) if e["category"] == "transient"]
+            at = min(had[0] if had else _after_last_malloc(group), len(group))
+            pair = [dict(op=op, kind=kind, bytes=nbytes, tensor=-1, category="transient")
+                    for kind in ("malloc", "free")]
+            group = group[:at] + pair + group[at:]
+        rows.extend(group)
+    frame = pd.DataFrame(rows, columns=memory.columns.drop("seq"))
+    frame.insert(0, "seq", range(len(frame)))
+    return frame
+
+
+def _after_last_malloc(group: list[dict]) -> int:
+    mallocs = [k for k, e in enumerate(group) if e["kind"] == "malloc"]
+    return mallocs[-1] + 1 if mallocs else 0
 
 
 @dataclass

@@ -152,3 +152,22 @@ def test_a_communicator_that_is_not_chainermns_is_refused_with_what_it_lacks():
         rank, size = 0, 1
     with pytest.raises(PoochError, match="ChainerMN communicator.*gather_obj"):
         PoocH(BranchyNet(), comm=MpiLike())
+
+
+def test_each_ops_scratch_is_the_largest_any_rank_measured_even_where_one_measured_none(
+        profiles):
+    """The event lists differ where one rank measured scratch at an op and another none: the
+    combined profile must charge the larger at every op (a rank overran its budget by 0.4 MB
+    at a backward ReLU when only one rank's events were taken)."""
+    first, second, _ = profiles
+    ops = second.ops.copy()
+    quiet = int(np.flatnonzero(first.ops.transient_bytes.to_numpy() == 0)[0])
+    ops.loc[quiet, "transient_bytes"] = 12345          # scratch only this rank saw
+    louder = dataclasses.replace(second, ops=ops)
+    combined = combine_profiles([first, louder])
+    transient = combined.memory[combined.memory.category == "transient"]
+    charged = transient[transient.kind == "malloc"].groupby("op").bytes.sum()
+    expected = np.maximum(first.ops.transient_bytes.to_numpy(), ops.transient_bytes.to_numpy())
+    assert [int(charged.get(k, 0)) for k in range(len(expected))] == expected.tolist()
+    assert charged[quiet] == 12345
+    assert (combined.memory.seq.to_numpy() == np.arange(len(combined.memory))).all()
