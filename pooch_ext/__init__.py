@@ -23,6 +23,13 @@ _PUBLIC = {
     "Profile": "pooch_ext.profile",
     "Plan": "pooch_ext.plan",
     "errors": "pooch_ext.errors",
+    # the errors a training loop may want to catch (all of them in pooch_ext.errors)
+    "PoochError": "pooch_ext.errors",
+    "BudgetTooSmallError": "pooch_ext.errors",
+    "HostBudgetTooSmallError": "pooch_ext.errors",
+    "PolicyDoesNotFitError": "pooch_ext.errors",
+    "UnsupportedLoopError": "pooch_ext.errors",
+    "RanksDisagreeError": "pooch_ext.errors",
 }
 __all__ = sorted(_PUBLIC)
 

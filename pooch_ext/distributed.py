@@ -49,11 +49,18 @@ def check_same_iteration(profiles: list[Profile], settings: list[dict]) -> None:
     for rank, profile in enumerate(profiles[1:], start=1):
         for table, columns in _SAME.items():
             mine, theirs = getattr(first, table)[columns], getattr(profile, table)[columns]
-            if len(mine) != len(theirs) or not mine.astype(str).equals(theirs.astype(str)):
-                raise RanksDisagreeError(
-                    f"rank {rank}'s training iteration differs from rank 0's ({table}: "
-                    f"{len(theirs)} rows against {len(mine)}, or other shapes); every rank "
-                    "must run the same graph")
+            if len(mine) != len(theirs):
+                where = f"{len(theirs)} {table} against {len(mine)}"
+            else:
+                differs = (mine.astype(str) != theirs.astype(str)).to_numpy()
+                if not differs.any():
+                    continue
+                row, col = (int(v[0]) for v in np.nonzero(differs))
+                where = (f"{table} row {row}, {columns[col]}: {theirs.iloc[row, col]} against "
+                         f"{mine.iloc[row, col]}")
+            raise RanksDisagreeError(
+                f"rank {rank}'s training iteration differs from rank 0's ({where}); every rank "
+                "must run the same graph on inputs of the same shape")
 
 
 def combine_profiles(profiles: list[Profile]) -> Profile:

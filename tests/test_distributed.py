@@ -64,6 +64,12 @@ def test_ranks_with_other_batches_graphs_or_settings_are_told_apart(profiles):
     fewer.ops = second.ops.iloc[:-1]
     with pytest.raises(RanksDisagreeError, match="rank 1's training iteration differs"):
         check_same_iteration([first, fewer], [settings, settings])
+    tensors = second.tensors.copy()
+    tensors.at[0, "shape"] = (9, 9)
+    wider = dataclasses.replace(second, meta=dict(second.meta))
+    wider.tensors = tensors                 # another rank's input shape (not re-validated)
+    with pytest.raises(RanksDisagreeError, match=r"tensors row 0, shape: \(9, 9\) against"):
+        check_same_iteration([first, wider], [settings, settings])
 
 
 def test_rank_zero_decides_on_the_combined_profile_and_its_error_reaches_every_rank(profiles):
