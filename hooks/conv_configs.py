@@ -33,6 +33,7 @@ from chainer.functions.connection.deconvolution_2d import Deconvolution2DFunctio
 from chainer.functions.connection.deconvolution_nd import DeconvolutionND
 from chainer.utils.conv import get_conv_outsize
 
+from pooch_ext.analytic.costmodel import column_bytes
 from pooch_ext.analytic.splits import most_pieces, piece_counts
 from pooch_ext.hooks import split_conv, split_conv_nd, split_exact
 from pooch_ext.hooks.chainer_refs import original_compute_core
@@ -194,6 +195,32 @@ def _nodes_nd(call: ConvCall, x_shape: tuple, W: Any) -> tuple:
     return new_conv, deconv, grad_w, (split_conv_nd._forward_pieces,
                                       split_conv_nd._input_gradient_pieces,
                                       split_conv_nd._weight_gradient_pieces)
+
+
+FIRST_SHARE = 8     # a first-iteration piece's column buffer: at most this share of the budget
+
+
+def first_iteration_pieces(call: ConvCall, budget: int) -> tuple[int, int] | None:
+    """(forward, backward) pieces for a convolution run before any plan (PoocH's first
+    iteration, swapping on demand): whole, its column buffer and that buffer's GEMM-layout
+    copy could exceed the device (a network that fits only with splits would run out of
+    memory on a GPU before anything is known). The fewest measured piece count (so the
+    profile can tell the whole op's cost from the pieces') that brings them within
+    1 / FIRST_SHARE of ``budget``; None where whole already is."""
+    x, w = call.x[0], call.W[0]
+    itemsize = numpy.dtype(call.x[2]).itemsize
+    out = tuple(get_conv_outsize(size, k, s, p, cover_all=call.cover_all, d=d)
+                for size, k, s, p, d in zip(x[2:], w[2:], call.stride, call.pad, call.dilate))
+    y = (x[0], w[0]) + out
+    need = -(-2 * column_bytes(x, y, w, itemsize) // max(1, budget // FIRST_SHARE))
+    if need <= 1:
+        return None
+    most = most_pieces(call.nd, x, y, w, call.groups, call.wants_gx)
+
+    def fewest(limit: int) -> int:
+        counts = piece_counts(limit, MEASURED_FACTOR) or [1]
+        return next((c for c in counts if c >= need), counts[-1])
+    return fewest(most[0]), fewest(most[1])
 
 
 class PoolCounter:

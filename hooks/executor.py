@@ -79,6 +79,9 @@ class Executor(GraphRecorder):
         self.passive = False        # this iteration runs as plain Chainer: nothing is dropped
         self._enforce_after = False  # the device's budget is off for this iteration only
         self._in_data: tuple = ()
+        # (function, its input arrays) -> (forward, backward) pieces to run a convolution in
+        # while no program governs the maps, or None (PoocH: its first iteration)
+        self.on_demand_split: Callable[[Any, tuple], tuple[int, int] | None] | None = None
         self._out_grad: tuple = ()       # the backward op's incoming gradients, while it begins
         self.profiler: Profiler | None = None     # attached while profiling (its attach())
         self.history: list[IterationStats] = []
@@ -276,9 +279,14 @@ class Executor(GraphRecorder):
             if reason and not self._switch(index, name):
                 self._deviate(reason)
         self._run_until(index)
-        if self.mode == SCHEDULED and index in self.program.splits:
+        pieces = None
+        if self.mode == SCHEDULED:
+            pieces = self.program.splits.get(index)
+        elif self.mode == ON_DEMAND and self.on_demand_split is not None:
+            pieces = self.on_demand_split(function, self._in_data)
+        if pieces is not None:
             # the node's backward runs in its pieces too: split installs both on it here
-            forward, backward = self.program.splits[index]
+            forward, backward = pieces
             split(function, ConvSplit(forward, backward, backward))
             self.stats.splits[index] = (forward, backward)
         if self.mode == ON_DEMAND:

@@ -54,7 +54,7 @@ from pooch_ext.hooks.model_state import ModelSnapshot, resident_bytes
 from pooch_ext.hooks.program import ExecutorError, Program, compile_program
 from pooch_ext.trace import GraphTrace
 from pooch_ext.hooks.executor import Executor
-from pooch_ext.hooks.conv_configs import measured_configs
+from pooch_ext.hooks.conv_configs import conv_call, first_iteration_pieces, measured_configs
 from pooch_ext.hooks.measured_profile import build_profile, fit_link
 from pooch_ext.hooks.profiler import Profiler
 from pooch_ext.hooks.scope import Models
@@ -172,7 +172,16 @@ class PoocH(PoochResults):
         if self.verbose and (self.ranks is None or self.ranks.rank == 0):
             tqdm.write(f"PoocH: {message}", file=sys.stderr)   # safe beside progress bars
 
+    def _first_iteration_split(self, function: Any, in_data: tuple) -> tuple[int, int] | None:
+        """Pieces for a convolution of the first iteration, which runs before any plan or
+        budget binds (hooks/conv_configs.first_iteration_pieces); None after it."""
+        if self._budget_applied or not self.split_convolutions:
+            return None
+        call = conv_call(function, in_data)
+        return None if call is None else first_iteration_pieces(call, self.budget_bytes)
+
     def _start_profiling(self) -> None:
+        self.runtime.on_demand_split = self._first_iteration_split
         self.runtime.use(None)
         self.profiler.attach()
         self.runtime.catalog = self._programs

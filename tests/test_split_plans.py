@@ -293,10 +293,13 @@ def test_scaled_down_issue_networks_train_bit_identical_where_only_splits_fit(na
     profile = roomy.pooch.profile
     floor, unsplit = minimum_budget(profile), minimum_budget(profile.without_configs())
     assert floor < unsplit
+    budget = (floor + unsplit) // 2
     tight, tight_state = run(dict(profile_iters=3, device=CpuDevice(), verbose=False,
-                                  budget=(floor + unsplit) // 2))
+                                  budget=budget))
     pooch = tight.pooch
     assert pooch.plan.feasible and pooch.plan.configs
     assert pooch.runtime.history[-1].splits
     assert tight.losses == plain.losses and states_equal(tight_state, plain_state)
     assert not pooch.overruns
+    first = pooch.iterations.iloc[0]              # before any plan: split on demand
+    assert first.program == "on-demand" and first.splits and first.peak_bytes < unsplit

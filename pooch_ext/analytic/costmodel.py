@@ -157,12 +157,18 @@ def _n(shape: Shape) -> int:
 CUDNN_WORKSPACE_LIMIT = 8 * MiB   # Chainer's default cuDNN workspace limit
 
 
+def column_bytes(x: Sequence[int], y: Sequence[int], w: Sequence[int], itemsize: int) -> int:
+    """Bytes of a convolution's im2col column buffer: every input channel times every kernel
+    offset times every output position, per sample."""
+    return int(x[0] * x[1] * _n(w[2:]) * _n(y[2:]) * itemsize)
+
+
 def conv(op: OpShapes) -> OpCost:
     x, y, w = op.inputs[0], op.outputs[0], op.params[0]
     s = op.itemsize
     batch, c_in = x[0], x[1]
     ksize = w[2:]
-    col = batch * c_in * _n(ksize) * _n(y[2:]) * s        # im2col column buffer
+    col = column_bytes(x, y, w, s)                        # im2col column buffer
     x_b, y_b, w_b = _n(x) * s, _n(y) * s, _n(w) * s
     has_bias = len(op.params) > 1
     wants_gx = 0 in op.differentiable

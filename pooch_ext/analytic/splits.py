@@ -31,7 +31,7 @@ from __future__ import annotations
 import math
 
 from pooch_ext.analytic.costmodel import (COMPUTE_EFFICIENCY, MEMORY_EFFICIENCY, GPU, OpCost,
-                                          OpShapes)
+                                          OpShapes, column_bytes)
 
 Config = tuple[int, int, float]       # (pieces, transient bytes, seconds)
 GEMM_HALF_S = 5e-6                    # the curve's half-efficiency work, in seconds at peak
@@ -119,7 +119,7 @@ def conv_configs(op: OpShapes, cost: OpCost, gpu: GPU) -> tuple[list[Config], li
     x, y, w = op.inputs[0], op.outputs[0], op.params[0]
     s = op.itemsize
     batch, c_in = int(x[0]), int(x[1])
-    col = batch * c_in * math.prod(w[2:]) * math.prod(y[2:]) * s
+    col = column_bytes(x, y, w, s)
     y_b, w_b = math.prod(y) * s, math.prod(w) * s
     x_b = math.prod(x) * s
     wants_gx = 0 in op.differentiable
@@ -158,7 +158,7 @@ def _nd_configs(op: OpShapes, cost: OpCost, gpu: GPU) -> tuple[list[Config], lis
     x, y, w = op.inputs[0], op.outputs[0], op.params[0]
     s, groups = op.itemsize, int(op.attrs.get("groups", 1) or 1)
     batch, c_in, c_out, rows, k0 = int(x[0]), int(x[1]), int(y[1]), int(y[2]), int(w[2])
-    col = batch * c_in * math.prod(w[2:]) * math.prod(y[2:]) * s
+    col = column_bytes(x, y, w, s)
     x_b, y_b, w_b = math.prod(x) * s, math.prod(y) * s, math.prod(w) * s
     forward, seen = [], {(1, 1)}
     most_forward, most_backward = most_pieces(True, x, y, w, groups, 0 in op.differentiable)
