@@ -160,7 +160,7 @@ CUDNN_WORKSPACE_LIMIT = 8 * MiB   # Chainer's default cuDNN workspace limit
 def column_bytes(x: Sequence[int], y: Sequence[int], w: Sequence[int], itemsize: int) -> int:
     """Bytes of a convolution's im2col column buffer: every input channel times every kernel
     offset times every output position, per sample."""
-    return int(x[0] * x[1] * _n(w[2:]) * _n(y[2:]) * itemsize)
+    return int(x[0] * x[1] * math.prod(w[2:]) * math.prod(y[2:]) * itemsize)
 
 
 def conv(op: OpShapes) -> OpCost:
