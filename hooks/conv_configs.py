@@ -204,9 +204,11 @@ def first_iteration_pieces(call: ConvCall, budget: int) -> tuple[int, int] | Non
     """(forward, backward) pieces for a convolution run before any plan (PoocH's first
     iteration, swapping on demand): whole, its column buffer and that buffer's GEMM-layout
     copy could exceed the device (a network that fits only with splits would run out of
-    memory on a GPU before anything is known). The fewest measured piece count (so the
-    profile can tell the whole op's cost from the pieces') that brings them within
-    1 / FIRST_SHARE of ``budget``; None where whole already is."""
+    memory on a GPU before anything is known). Each part gets the fewest measured piece
+    count (so the profile can tell the whole op's cost from the pieces') that brings them
+    within 1 / FIRST_SHARE of ``budget``; None where whole already is. The caller checks
+    their exactness before each part starts (the backward's on the gradient it receives),
+    since a check inside the op would distort what the profile measures."""
     x, w = call.x[0], call.W[0]
     itemsize = numpy.dtype(call.x[2]).itemsize
     out = tuple(get_conv_outsize(size, k, s, p, cover_all=call.cover_all, d=d)

@@ -27,6 +27,7 @@ from pooch_ext.hooks.model_state import base_of
 from pooch_ext.hooks.ondemand import OnDemand
 from pooch_ext.hooks.program import Program
 from pooch_ext.hooks.split_conv import ConvSplit, split
+from pooch_ext.hooks.split_exact import KNOWN
 from pooch_ext.hooks.runtime_device import RuntimeDevice
 from pooch_ext.trace import GraphTrace
 
@@ -82,6 +83,9 @@ class Executor(GraphRecorder):
         # (function, its input arrays) -> (forward, backward) pieces to run a convolution in
         # while no program governs the maps, or None (PoocH: its first iteration)
         self.on_demand_split: Callable[[Any, tuple], tuple[int, int] | None] | None = None
+        # (that function, its incoming gradients) as its backward begins: a split's backward
+        # checks are made there, before the op's clock starts
+        self.on_demand_backward: Callable[[Any, tuple], None] | None = None
         self._out_grad: tuple = ()       # the backward op's incoming gradients, while it begins
         self.profiler: Profiler | None = None     # attached while profiling (its attach())
         self.history: list[IterationStats] = []
@@ -279,15 +283,16 @@ class Executor(GraphRecorder):
             if reason and not self._switch(index, name):
                 self._deviate(reason)
         self._run_until(index)
-        pieces = None
+        pieces, checked = None, True
         if self.mode == SCHEDULED:
             pieces = self.program.splits.get(index)
         elif self.mode == ON_DEMAND and self.on_demand_split is not None:
-            pieces = self.on_demand_split(function, self._in_data)
+            # its exactness was checked beforehand, outside the op's measurement
+            pieces, checked = self.on_demand_split(function, self._in_data), KNOWN
         if pieces is not None:
             # the node's backward runs in its pieces too: split installs both on it here
             forward, backward = pieces
-            split(function, ConvSplit(forward, backward, backward))
+            split(function, ConvSplit(forward, backward, backward), checked)
             self.stats.splits[index] = (forward, backward)
         if self.mode == ON_DEMAND:
             self.on_demand.release_unreferenced()
@@ -335,6 +340,9 @@ class Executor(GraphRecorder):
             self.on_demand.release_unreferenced()
         self.on_demand.restore_for(fwd_index)
         self.device.check("backward op", index, function)
+        if (self.mode == ON_DEMAND and fwd_index in self.stats.splits
+                and self.on_demand_backward is not None):
+            self.on_demand_backward(function, self._out_grad)
         if self.profiler is not None:
             self.profiler.backward_began(index, fwd_index, self._out_grad)
 

@@ -73,7 +73,7 @@ def not_splittable(function: Any) -> str:
     return ""
 
 
-def split(function: Any, config: ConvSplit, checked: bool = True) -> None:
+def split(function: Any, config: ConvSplit, checked: bool | str = True) -> None:
     """Run ``function`` (a convolution not yet applied) and its backward in the pieces of
     ``config``, each part only where it is bit-identical (``checked=False``: always, for
     measurements of rounding). Raises ValueError where ``not_splittable`` says no."""

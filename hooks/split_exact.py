@@ -29,12 +29,22 @@ _ATTRS = ("sy", "sx", "ph", "pw", "dy", "dx", "cover_all", "outh", "outw", "kh",
           "ndim", "stride", "pad", "dilate", "groups", "outs", "ksize")
 
 
-def run_part(self: Any, pieces_core: Any, args: tuple, pieces: int, checked: bool) -> tuple:
+KNOWN = "known"   # ``checked`` value: split only where a check already found it exact
+
+
+def run_part(self: Any, pieces_core: Any, args: tuple, pieces: int, checked: bool | str
+             ) -> tuple:
     """The part in ``pieces`` where that is exact for these arrays (or not ``checked``),
-    else whole, as Chainer runs it."""
+    else whole, as Chainer runs it. ``checked`` KNOWN: only where an earlier check found it
+    exact, never probing here (inside an op whose memory and time are being measured)."""
     whole_core = original_compute_core(self, backend.get_array_module(args[0]))
-    if pieces > 1 and (not checked or _exact(self, pieces_core, whole_core, args, pieces)):
-        return pieces_core(self, *args, pieces)
+    if pieces > 1:
+        if checked == KNOWN:
+            exact = _EXACT.get(_key(self, pieces_core, args, pieces), False)
+        else:
+            exact = not checked or _exact(self, pieces_core, whole_core, args, pieces)
+        if exact:
+            return pieces_core(self, *args, pieces)
     return whole_core(*args)
 
 
@@ -86,11 +96,15 @@ def probe(xp: Any, layout: tuple, seed: int) -> Any:
     return xp.lib.stride_tricks.as_strided(values, shape, strides)
 
 
+def _key(self: Any, pieces_core: Any, args: tuple, pieces: int) -> tuple:
+    return (pieces_core.__module__, pieces_core.__qualname__, pieces,
+            tuple(getattr(self, a, None) for a in _ATTRS), tuple(layout(a) for a in args))
+
+
 def _exact(self: Any, pieces_core: Any, whole_core: Any, args: tuple, pieces: int) -> bool:
     """Whether ``pieces_core`` gives ``whole_core``'s bits and layout on ``TRIALS`` probes
     laid out as ``args``; remembered per layouts and attributes."""
-    key = (pieces_core.__module__, pieces_core.__qualname__, pieces,
-           tuple(getattr(self, a, None) for a in _ATTRS), tuple(layout(a) for a in args))
+    key = _key(self, pieces_core, args, pieces)
     if key not in _EXACT:
         _EXACT[key] = all(_same_on_probes(self, pieces_core, whole_core, args, pieces, trial)
                           for trial in range(TRIALS))     # stops at the first difference

@@ -54,7 +54,8 @@ from pooch_ext.hooks.model_state import ModelSnapshot, resident_bytes
 from pooch_ext.hooks.program import ExecutorError, Program, compile_program
 from pooch_ext.trace import GraphTrace
 from pooch_ext.hooks.executor import Executor
-from pooch_ext.hooks.conv_configs import conv_call, first_iteration_pieces, measured_configs
+from pooch_ext.hooks.conv_configs import (conv_call, first_iteration_pieces, measured_configs,
+                                          with_gradient)
 from pooch_ext.hooks.measured_profile import build_profile, fit_link
 from pooch_ext.hooks.profiler import Profiler
 from pooch_ext.hooks.scope import Models
@@ -100,6 +101,7 @@ class PoocH(PoochResults):
         # data-parallel ranks (a ChainerMN communicator): rank 0 decides for all of them
         self.ranks = Ranks(comm) if comm is not None else None
         self._allreduce: AllreduceMeter | None = None
+        self._first_calls: dict[int, Any] = {}     # first-iteration splits' calls, by node
         self.device = device
         self.profile: Profile | None = None
         self.plan: Plan | None = None
@@ -178,10 +180,24 @@ class PoocH(PoochResults):
         if self._budget_applied or not self.split_convolutions:
             return None
         call = conv_call(function, in_data)
-        return None if call is None else first_iteration_pieces(call, self.budget_bytes)
+        pieces = None if call is None else first_iteration_pieces(call, self.budget_bytes)
+        if pieces is not None:
+            # the configurations the profile will use, measured now (apart from the device's
+            # peak, before the op's clock starts): their exactness checks are then the ones
+            # the op looks up, so no probe runs inside it (split_exact.KNOWN); the backward's
+            # once its incoming gradient's layout is known (_first_iteration_backward)
+            measured_configs(call, self.device)
+            self._first_calls[id(function)] = call
+        return pieces
+
+    def _first_iteration_backward(self, function: Any, out_grad: tuple) -> None:
+        call = self._first_calls.pop(id(function), None)
+        if call is not None and out_grad and out_grad[0] is not None:
+            measured_configs(with_gradient(call, out_grad[0]), self.device)
 
     def _start_profiling(self) -> None:
         self.runtime.on_demand_split = self._first_iteration_split
+        self.runtime.on_demand_backward = self._first_iteration_backward
         self.runtime.use(None)
         self.profiler.attach()
         self.runtime.catalog = self._programs
