@@ -29,7 +29,7 @@ from chainer import backend
 from chainer.functions.connection.convolution_nd import ConvolutionND, ConvolutionNDGradW
 from chainer.functions.connection.deconvolution_nd import DeconvolutionND
 
-from pooch_ext.analytic.splits import nd_units, nested_pieces
+from pooch_ext.analytic.splits import nd_loops, nested_pieces
 from pooch_ext.hooks.chainer_refs import WeaklyBound, original_compute_core, set_compute_core
 from pooch_ext.hooks.split_exact import piece_bounds, piece_part, split_node
 
@@ -100,7 +100,8 @@ def _forward_pieces(self: Any, x: Any, W: Any, b: Any, pieces: int) -> tuple:
         y = xp.rollaxis(xp.empty((c_out, n) + outs, dtype=x.dtype), 1)
     else:
         y = xp.rollaxis(xp.empty((n,) + outs + (c_out,), dtype=x.dtype), dims + 1, 1)
-    batch_pieces, row_pieces = nested_pieces(pieces, n, outs[0])
+    batch_pieces, row_pieces = nested_pieces(
+        pieces, *nd_loops(self.groups, x.shape, (n, c_out) + outs, W.shape)["forward"])
     rows = _sub(self, pad=_no_pad_in_rows(self)) if row_pieces > 1 else self
     for i0, i1 in piece_bounds(n, batch_pieces):
         for r0, r1 in piece_bounds(outs[0], row_pieces):
@@ -143,7 +144,9 @@ def _input_gradient_pieces(self: Any, gy: Any, W: Any, b: Any, pieces: int) -> t
     xp = backend.get_array_module(gy)
     n, groups = gy.shape[0], self.groups
     c = W.shape[1] * groups
-    units = nd_units(groups, c)
+    # the loops of the convolution whose input gradient this is: its x is this node's output
+    loops = nd_loops(groups, (n, c) + tuple(self.outs), gy.shape, W.shape)["input_grad"]
+    units = loops[1]
     if xp is numpy:
         padded = numpy.zeros((n, c) + tuple(d + 2 * p + s - 1 for d, p, s
                                             in zip(self.outs, self.pad, self.stride)),
@@ -152,7 +155,7 @@ def _input_gradient_pieces(self: Any, gy: Any, W: Any, b: Any, pieces: int) -> t
                                                        in zip(self.pad, self.outs))]
     else:
         gx = xp.empty((n, c) + tuple(self.outs), dtype=gy.dtype)
-    batch_pieces, unit_pieces = nested_pieces(pieces, n, units)
+    batch_pieces, unit_pieces = nested_pieces(pieces, *loops)
     in_g, out_g = W.shape[0] // groups, W.shape[1]      # per group: gy channels, gx channels
     for i0, i1 in piece_bounds(n, batch_pieces):
         for u0, u1 in piece_bounds(units, unit_pieces):
@@ -175,9 +178,9 @@ def _weight_gradient_pieces(self: Any, x: Any, gy: Any, pieces: int) -> tuple:
     xp = backend.get_array_module(x)
     groups, k = self.groups, self.ksize
     c_in, c_out = x.shape[1], gy.shape[1]
-    units = nd_units(groups, c_in)
-    outs = 1 if groups > 1 else c_out
-    unit_pieces, offset_pieces, out_pieces = nested_pieces(pieces, units, k[0], outs)
+    loops = nd_loops(groups, x.shape, gy.shape, (c_out, c_in // groups) + tuple(k))
+    units, _, outs = loops["weight_grad"]
+    unit_pieces, offset_pieces, out_pieces = nested_pieces(pieces, *loops["weight_grad"])
     gW = xp.empty((c_out, c_in // groups) + tuple(k), dtype=self.W_dtype)
     in_g, out_g = c_in // units, c_out // units if groups > 1 else c_out
     s0, p0, d0, rows = self.stride[0], self.pad[0], self.dilate[0], gy.shape[2]

@@ -77,10 +77,18 @@ def nested_pieces(pieces: int, *sizes: int) -> tuple[int, ...]:
     return tuple(out)
 
 
-def nd_units(op_groups: int, channels: int) -> int:
-    """The channel units an N-D input or weight gradient splits over: its groups when
-    grouped (each group's GEMM stays Chainer's own), else single channels."""
-    return op_groups if op_groups > 1 else channels
+def nd_loops(groups: int, x_shape: tuple, y_shape: tuple, w_shape: tuple
+             ) -> dict[str, tuple[int, int] | tuple[int, int, int]]:
+    """The loops each part of an N-D convolution splits over, outermost first (the items of
+    ``nested_pieces``; hooks/split_conv_nd.py runs them so): the forward over (batch, output
+    rows), the input gradient over (batch, channel units), the weight gradient over (channel
+    units, first-dimension kernel offsets, output channels). Channel units are the groups of
+    a grouped convolution (each group's GEMM stays Chainer's own), else single channels, and
+    a grouped weight gradient does not split its output channels."""
+    batch, c_in, c_out = int(x_shape[0]), int(x_shape[1]), int(y_shape[1])
+    units = groups if groups > 1 else c_in
+    return {"forward": (batch, int(y_shape[2])), "input_grad": (batch, units),
+            "weight_grad": (units, int(w_shape[2]), 1 if groups > 1 else c_out)}
 
 
 def most_pieces(nd: bool, x_shape: tuple, y_shape: tuple, w_shape: tuple, groups: int = 1,
@@ -90,10 +98,10 @@ def most_pieces(nd: bool, x_shape: tuple, y_shape: tuple, w_shape: tuple, groups
     batch, c_in, c_out = int(x_shape[0]), int(x_shape[1]), int(y_shape[1])
     if not nd:
         return batch, max(batch, c_in * c_out)
-    units = nd_units(groups, c_in)
-    outs = 1 if groups > 1 else c_out
-    return (batch * int(y_shape[2]),
-            max(batch * units if wants_gx else 1, units * int(w_shape[2]) * outs))
+    loops = nd_loops(groups, x_shape, y_shape, w_shape)
+    return (math.prod(loops["forward"]),
+            max(math.prod(loops["input_grad"]) if wants_gx else 1,
+                math.prod(loops["weight_grad"])))
 
 
 def piece_time(gpu: GPU, flops: float, nbytes: float, pieces: int, kernels: int,
@@ -157,13 +165,16 @@ def _nd_configs(op: OpShapes, cost: OpCost, gpu: GPU) -> tuple[list[Config], lis
     sample), plus its output slice before it is copied into place."""
     x, y, w = op.inputs[0], op.outputs[0], op.params[0]
     s, groups = op.itemsize, int(op.attrs.get("groups", 1) or 1)
-    batch, c_in, c_out, rows, k0 = int(x[0]), int(x[1]), int(y[1]), int(y[2]), int(w[2])
+    batch, rows, k0 = int(x[0]), int(y[2]), int(w[2])
     col = column_bytes(x, y, w, s)
     x_b, y_b, w_b = math.prod(x) * s, math.prod(y) * s, math.prod(w) * s
+    wants_gx = 0 in op.differentiable
+    loops = nd_loops(groups, x, y, w)
+    units, outs = loops["weight_grad"][0], loops["weight_grad"][2]
     forward, seen = [], {(1, 1)}
-    most_forward, most_backward = most_pieces(True, x, y, w, groups, 0 in op.differentiable)
+    most_forward, most_backward = most_pieces(True, x, y, w, groups, wants_gx)
     for pieces in piece_counts(most_forward):
-        b, r = nested_pieces(pieces, batch, rows)
+        b, r = nested_pieces(pieces, *loops["forward"])
         if (b, r) in seen:
             continue
         seen.add((b, r))
@@ -171,13 +182,10 @@ def _nd_configs(op: OpShapes, cost: OpCost, gpu: GPU) -> tuple[list[Config], lis
         copies = 2 if math.ceil(batch / b) > 1 else 1
         forward.append((pieces, int(col * share * copies + y_b * share),
                         piece_time(gpu, cost.fwd_flops, cost.fwd_bytes, b * r, 2, w_b)))
-    wants_gx = 0 in op.differentiable
-    units = groups if groups > 1 else c_in
-    outs = 1 if groups > 1 else c_out
     backward, seen_b = [], {((1, 1), (1, 1, 1))}
     for pieces in piece_counts(most_backward):
-        bx, ux = nested_pieces(pieces, batch, units) if wants_gx else (1, 1)
-        uw, kw, ow = nested_pieces(pieces, units, k0, outs)
+        bx, ux = nested_pieces(pieces, *loops["input_grad"]) if wants_gx else (1, 1)
+        uw, kw, ow = nested_pieces(pieces, *loops["weight_grad"])
         if ((bx, ux), (uw, kw, ow)) in seen_b:
             continue
         seen_b.add(((bx, ux), (uw, kw, ow)))
