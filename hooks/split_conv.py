@@ -42,7 +42,7 @@ from chainer.utils import conv
 from pooch_ext.analytic.splits import nested_pieces
 from pooch_ext.hooks.chainer_refs import WeaklyBound, set_compute_core
 from pooch_ext.hooks.split_conv_nd import not_splittable_nd, split_nd
-from pooch_ext.hooks.split_exact import piece_bounds, piece_part, split_node
+from pooch_ext.hooks.split_exact import piece_bounds, piece_part, split_backward
 
 
 @dataclass(frozen=True)
@@ -92,24 +92,18 @@ def split(function: Any, config: ConvSplit, checked: bool | str = True) -> None:
 
 def _backward(self: Any, indexes: tuple, grad_outputs: tuple) -> list:
     """Convolution2DFunction.backward whose input- and weight-gradient nodes run split."""
-    x, W = self.get_retained_inputs()
-    gy, = grad_outputs
-    config, _ = self._pooch_split
-    ret = []
-    if 0 in indexes:
-        _, _, xh, xw = x.shape
-        deconv = Deconvolution2DFunction(stride=(self.sy, self.sx), pad=(self.ph, self.pw),
-                                         outsize=(xh, xw), dilate=(self.dy, self.dx),
-                                         groups=self.groups)
-        gx, = split_node(self, deconv, _input_gradient, config.input_grad).apply((gy, W))
-        ret.append(gx)
-    if 1 in indexes:
-        grad_w = Convolution2DGradW(self, W.shape, W.dtype, W.layout)
-        gW, = split_node(self, grad_w, _weight_gradient, config.weight_grad).apply((x, gy))
-        ret.append(gW)
-    if 2 in indexes:
-        ret.append(chainer.functions.sum(gy, axis=(0, 2, 3)))
-    return ret
+    def deconvolution(x: Any, W: Any) -> Any:
+        return Deconvolution2DFunction(stride=(self.sy, self.sx), pad=(self.ph, self.pw),
+                                       outsize=x.shape[2:], dilate=(self.dy, self.dx),
+                                       groups=self.groups)
+
+    def weight_gradient(W: Any) -> Any:
+        return Convolution2DGradW(self, W.shape, W.dtype, W.layout)
+
+    def bias_gradient(gy: Any) -> Any:
+        return chainer.functions.sum(gy, axis=(0, 2, 3))
+    return split_backward(self, indexes, grad_outputs, deconvolution, weight_gradient,
+                          bias_gradient, (_input_gradient, _weight_gradient))
 
 
 # ------------------------------------------------------------------ the cores, in pieces

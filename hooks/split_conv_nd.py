@@ -31,7 +31,7 @@ from chainer.functions.connection.deconvolution_nd import DeconvolutionND
 
 from pooch_ext.analytic.splits import nd_loops, nested_pieces
 from pooch_ext.hooks.chainer_refs import WeaklyBound, original_compute_core, set_compute_core
-from pooch_ext.hooks.split_exact import piece_bounds, piece_part, split_node
+from pooch_ext.hooks.split_exact import piece_bounds, piece_part, split_backward
 
 _CORE_ATTRS = ("ndim", "stride", "pad", "cover_all", "dilate", "groups", "outs", "ksize",
                "W_dtype")
@@ -116,25 +116,18 @@ def _forward_pieces(self: Any, x: Any, W: Any, b: Any, pieces: int) -> tuple:
 
 def _backward(self: Any, indexes: tuple, grad_outputs: tuple) -> list:
     """ConvolutionND.backward whose input- and weight-gradient nodes run split."""
-    x, W = self.get_retained_inputs()
-    gy, = grad_outputs
-    config, _ = self._pooch_split
-    ret = []
-    if 0 in indexes:
-        deconv = DeconvolutionND(self.ndim, self.stride, self.pad, outsize=x.shape[2:],
-                                 dilate=self.dilate, groups=self.groups)
-        gx, = split_node(self, deconv, _input_gradient, config.input_grad).apply((gy, W))
-        ret.append(gx)
-    if 1 in indexes:
-        grad_w = ConvolutionNDGradW(self)
-        gW, = split_node(self, grad_w, _weight_gradient, config.weight_grad).apply((x, gy))
-        ret.append(gW)
-    if 2 in indexes:
+    def deconvolution(x: Any, W: Any) -> Any:
+        return DeconvolutionND(self.ndim, self.stride, self.pad, outsize=x.shape[2:],
+                               dilate=self.dilate, groups=self.groups)
+
+    def bias_gradient(gy: Any) -> Any:
         gb = chainer.functions.sum(gy, axis=(0,) + tuple(range(2, gy.ndim)))
         if gb.dtype != self.inputs[2].dtype:
             gb = chainer.functions.cast(gb, self.inputs[2].dtype)
-        ret.append(gb)
-    return ret
+        return gb
+    return split_backward(self, indexes, grad_outputs, deconvolution,
+                          lambda W: ConvolutionNDGradW(self), bias_gradient,
+                          (_input_gradient, _weight_gradient))
 
 
 def _input_gradient_pieces(self: Any, gy: Any, W: Any, b: Any, pieces: int) -> tuple:

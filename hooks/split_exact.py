@@ -68,6 +68,27 @@ def split_node(owner: Any, node: Any, core: Any, pieces: int) -> Any:
     return node
 
 
+def split_backward(self: Any, indexes: tuple, grad_outputs: tuple, deconvolution: Any,
+                   weight_gradient: Any, bias_gradient: Any, cores: tuple) -> list:
+    """A split convolution's backward, as Chainer's: the input gradient by the
+    ``deconvolution(x, W)`` node, the weight gradient by the ``weight_gradient(W)`` node, each
+    running its core of ``cores`` (input, weight) in ``self``'s pieces, and
+    ``bias_gradient(gy)``. hooks/split_conv.py (2D) and split_conv_nd.py give the nodes."""
+    x, W = self.get_retained_inputs()
+    gy, = grad_outputs
+    config, _ = self._pooch_split
+    ret = []
+    if 0 in indexes:
+        node = split_node(self, deconvolution(x, W), cores[0], config.input_grad)
+        ret.append(node.apply((gy, W))[0])
+    if 1 in indexes:
+        node = split_node(self, weight_gradient(W), cores[1], config.weight_grad)
+        ret.append(node.apply((x, gy))[0])
+    if 2 in indexes:
+        ret.append(bias_gradient(gy))
+    return ret
+
+
 def layout(a: Any) -> tuple | None:
     """(shape, strides, dtype string) of ``a``: what a probe copies and an exactness key holds."""
     return None if a is None else (a.shape, a.strides, a.dtype.str)
