@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, NamedTuple
 
 import numpy as np
 
@@ -253,3 +253,45 @@ def states_equal(a: dict, b: dict) -> bool:
             np.asarray(x).tobytes() == np.asarray(y).tobytes()
 
     return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+
+
+def trained(make_model: Callable[[], chainer.Link], batches: list, pooch: dict | None = None
+            ) -> tuple[TrainResult, dict]:
+    """A fresh ``make_model()`` (seed 0) trained with MomentumSGD on ``batches``, plainly or
+    under PoocH(**pooch): its result and final state (``model_state``); raises what the run
+    raised."""
+    np.random.seed(0)
+    model = make_model()
+    optimizer = make_optimizer(model, "momentum")
+    result = train(model, optimizer, batches, pooch)
+    if result.error is not None:
+        raise result.error
+    return result, model_state(model, optimizer)
+
+
+class SplitRuns(NamedTuple):
+    plain: TrainResult
+    plain_state: dict
+    profile: Any            # the roomy run's measured Profile
+    budget: int
+    unsplit: int            # the smallest budget without split convolutions
+    tight: TrainResult
+    tight_state: dict
+
+
+def where_only_splits_fit(run: Callable[[dict | None], tuple[TrainResult, dict]]) -> SplitRuns:
+    """``run`` (``trained`` of one network and data) plainly, under PoocH with room (for its
+    profile), and under PoocH on the CPU device within a budget halfway between the smallest
+    any plan reaches with split convolutions and the smallest without: only a split plan
+    fits there."""
+    from pooch_ext.hooks.cpu_device import CpuDevice
+    from pooch_ext.sim.budgets import minimum_budget
+
+    plain, plain_state = run(None)
+    roomy, _ = run(dict(profile_iters=3, device=CpuDevice(), verbose=False))
+    profile = roomy.pooch.profile
+    floor, unsplit = minimum_budget(profile), minimum_budget(profile.without_configs())
+    budget = (floor + unsplit) // 2
+    tight, tight_state = run(dict(profile_iters=3, device=CpuDevice(), verbose=False,
+                                  budget=budget))
+    return SplitRuns(plain, plain_state, profile, budget, unsplit, tight, tight_state)

@@ -15,11 +15,10 @@ import chainer.links as L
 
 from pooch_ext.analytic.splits import most_pieces, nested_pieces
 from pooch_ext.analytic.tracing import analytic_profile
-from pooch_ext.hooks.cpu_device import CpuDevice
 from pooch_ext.hooks.split_conv import ConvSplit, SplitConvolutions, not_splittable, split
 from pooch_ext.models.resnext3d import ResNeXtBottleneck3D, _conv
 from pooch_ext.sim.budgets import minimum_budget
-from pooch_ext.testing import make_optimizer, model_state, states_equal, synthetic_batches, train
+from pooch_ext.testing import states_equal, synthetic_batches, trained, where_only_splits_fit
 
 GiB = 1 << 30
 # (x shape, W shape, convolution_nd keywords): 3D and 2D, batch 1 and more, grouped, strided,
@@ -135,26 +134,11 @@ class Tiny3D(chainer.Chain):
         return self.fc(F.average(h, axis=(2, 3, 4)))
 
 
-def _train(pooch=None):
-    np.random.seed(0)
-    model = Tiny3D()
-    optimizer = make_optimizer(model, "momentum")
-    result = train(model, optimizer, synthetic_batches(6, 1, (3, 16, 32, 32), 4), pooch)
-    if result.error is not None:
-        raise result.error
-    return result, model_state(model, optimizer)
-
-
 def test_a_3d_network_at_batch_one_trains_bit_identical_where_only_splits_fit():
-    plain, plain_state = _train()
-    roomy, _ = _train(dict(profile_iters=3, device=CpuDevice(), verbose=False))
-    profile = roomy.pooch.profile
+    plain, plain_state, profile, budget, unsplit, tight, tight_state = where_only_splits_fit(
+        lambda pooch: trained(Tiny3D, synthetic_batches(6, 1, (3, 16, 32, 32), 4), pooch))
     assert all(len(c) for c in profile.ops[profile.ops.name == "ConvolutionND"]["configs"])
-    floor, unsplit = minimum_budget(profile), minimum_budget(profile.without_configs())
-    assert floor < unsplit
-    budget = (floor + unsplit) // 2
-    tight, tight_state = _train(dict(profile_iters=3, device=CpuDevice(), verbose=False,
-                                     budget=budget))
+    assert minimum_budget(profile) < unsplit
     pooch = tight.pooch
     assert pooch.plan.feasible and pooch.plan.configs
     ran = pooch.runtime.history[-1].splits

@@ -19,7 +19,8 @@ from pooch_ext.profile import Profile
 from pooch_ext.sim.budgets import budget_between, minimum_budget
 from pooch_ext.sim.check import schedule_memory
 from pooch_ext.sim.engine import simulate_plan
-from pooch_ext.testing import make_optimizer, model_state, states_equal, synthetic_batches, train
+from pooch_ext.testing import (make_optimizer, states_equal, synthetic_batches, train, trained,
+                               where_only_splits_fit)
 
 GiB = 1 << 30
 
@@ -116,26 +117,10 @@ class ConvNet(chainer.Chain):
         return self.fc(F.relu(self.c3(h)))
 
 
-def _train(pooch=None):
-    np.random.seed(0)
-    model = ConvNet()
-    optimizer = make_optimizer(model, "momentum")
-    result = train(model, optimizer, synthetic_batches(6, 8, (3, 32, 32), 5), pooch)
-    if result.error is not None:
-        raise result.error
-    return result, model_state(model, optimizer)
-
-
 @pytest.fixture(scope="module")
 def runs():
-    plain, plain_state = _train()
-    roomy, _ = _train(dict(profile_iters=3, device=CpuDevice(), verbose=False))
-    profile = roomy.pooch.profile
-    floor, unsplit = minimum_budget(profile), minimum_budget(profile.without_configs())
-    budget = (floor + unsplit) // 2
-    tight, tight_state = _train(dict(profile_iters=3, device=CpuDevice(), verbose=False,
-                                     budget=budget))
-    return plain, plain_state, profile, budget, unsplit, tight, tight_state
+    return where_only_splits_fit(
+        lambda pooch: trained(ConvNet, synthetic_batches(6, 8, (3, 32, 32), 5), pooch))
 
 
 def test_measured_profiles_offer_configurations_that_shrink_the_scratch(runs):
@@ -279,23 +264,9 @@ def test_scaled_down_issue_networks_train_bit_identical_where_only_splits_fit(na
     def make():
         return VGG16(10, width=16, side=64) if name == "vgg16" else AlexNet(10, width=16)
     shape = (3, 64, 64) if name == "vgg16" else (3, 227, 227)
-
-    def run(pooch=None):
-        np.random.seed(0)
-        model = make()
-        optimizer = make_optimizer(model, "momentum")
-        result = train(model, optimizer, synthetic_batches(6, 4, shape, 10), pooch)
-        if result.error is not None:
-            raise result.error
-        return result, model_state(model, optimizer)
-    plain, plain_state = run()
-    roomy, _ = run(dict(profile_iters=3, device=CpuDevice(), verbose=False))
-    profile = roomy.pooch.profile
-    floor, unsplit = minimum_budget(profile), minimum_budget(profile.without_configs())
-    assert floor < unsplit
-    budget = (floor + unsplit) // 2
-    tight, tight_state = run(dict(profile_iters=3, device=CpuDevice(), verbose=False,
-                                  budget=budget))
+    plain, plain_state, profile, budget, unsplit, tight, tight_state = where_only_splits_fit(
+        lambda pooch: trained(make, synthetic_batches(6, 4, shape, 10), pooch))
+    assert minimum_budget(profile) < unsplit
     pooch = tight.pooch
     assert pooch.plan.feasible and pooch.plan.configs
     assert pooch.runtime.history[-1].splits
