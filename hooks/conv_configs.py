@@ -85,6 +85,8 @@ def conv_call(function: Any, in_data: tuple) -> ConvCall | None:
 
 
 def _out_size(function: Any, x_shape: tuple, w_shape: tuple) -> tuple:
+    """Output size of a convolution node or ConvCall (``stride``, ``pad``, ``dilate``,
+    ``cover_all``, one per spatial dimension) on inputs of ``x_shape``."""
     return tuple(get_conv_outsize(size, k, s, p, cover_all=function.cover_all, d=d)
                  for size, k, s, p, d in zip(x_shape[2:], w_shape[2:], function.stride,
                                              function.pad, function.dilate))
@@ -211,9 +213,7 @@ def first_iteration_pieces(call: ConvCall, budget: int) -> tuple[int, int] | Non
     since a check inside the op would distort what the profile measures."""
     x, w = call.x[0], call.W[0]
     itemsize = numpy.dtype(call.x[2]).itemsize
-    out = tuple(get_conv_outsize(size, k, s, p, cover_all=call.cover_all, d=d)
-                for size, k, s, p, d in zip(x[2:], w[2:], call.stride, call.pad, call.dilate))
-    y = (x[0], w[0]) + out
+    y = (x[0], w[0]) + _out_size(call, x, w)
     need = -(-2 * column_bytes(x, y, w, itemsize) // max(1, budget // FIRST_SHARE))
     if need <= 1:
         return None
