@@ -16,9 +16,9 @@ from pooch_ext.measure import measured_profile
 def profiles():
     """Two measured profiles of the same network and batch (two 'ranks'), and one at another
     batch size."""
-    first = measured_profile("small-resnet", 8, iters=2, link="cpu")
-    second = measured_profile("small-resnet", 8, iters=2, link="cpu")
-    other = measured_profile("small-resnet", 4, iters=2, link="cpu")
+    first = measured_profile("small-resnet", 4, iters=2, link="cpu")
+    second = measured_profile("small-resnet", 4, iters=2, link="cpu")
+    other = measured_profile("small-resnet", 2, iters=2, link="cpu")
     return first, second, other
 
 
@@ -56,7 +56,7 @@ def test_ranks_with_other_batches_graphs_or_settings_are_told_apart(profiles):
     first, second, other = profiles
     settings = dict(budget=1 << 20, policy="pooch")
     check_same_iteration([first, second], [settings, settings])
-    with pytest.raises(RanksDisagreeError, match=r"batch sizes \(rank 0: 8, rank 1: 4\)"):
+    with pytest.raises(RanksDisagreeError, match=r"batch sizes \(rank 0: 4, rank 1: 2\)"):
         check_same_iteration([first, other], [settings, settings])
     with pytest.raises(RanksDisagreeError, match="PoocH settings"):
         check_same_iteration([first, second], [settings, dict(settings, budget=1)])
