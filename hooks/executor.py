@@ -48,6 +48,8 @@ class IterationStats:
     swap_ins: int = 0
     recomputes: int = 0
     frees: int = 0
+    encodes: int = 0
+    decodes: int = 0
     on_demand: int = 0
     peak_bytes: int = 0
     started: float = 0.0                             # perf_counter at the first forward op

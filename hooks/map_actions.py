@@ -12,13 +12,18 @@ schedule (hooks/executor.py) or works on demand (hooks/ondemand.py).
 * ``recompute``: re-run the map's recompute chain (hooks/recompute.py) from maps that are on
   the device, and put the result back the same way;
 * ``free``: drop the references; after its last use a Variable the user still holds keeps its
-  array (that memory is the user's, as in plain Chainer).
+  array (that memory is the user's, as in plain Chainer);
+* ``encode`` / ``decode`` (issue 16): store the map in its encoded form (hooks/codecs.py) and
+  drop the references / put the decoded map back. The encoded form is a map of its own id
+  (``Program.encoded``) that the schedule swaps, waits for and frees like any other; its
+  array lives in ``blobs``, not in the graph.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
+from pooch_ext.hooks import codecs
 from pooch_ext.hooks.chainer_refs import (node_array, retained_outputs, set_node_array,
                                           set_retained_outputs, variable_array)
 from pooch_ext.hooks.device import Transfer
@@ -37,6 +42,7 @@ class Slot:
     the graph's own references, so the memory goes when the Variable does)."""
 
     state: str = "device"           # device | incoming (swap-in not yet waited) | host | freed
+    #                                 | encoded (its encoded form holds it)
     transfer: Transfer | None = None
     dropped_node: bool = False
     dropped_retained: bool = False
@@ -56,6 +62,17 @@ class MapActions:
         self.slots: dict[int, Slot] = {}
         self.retained_out: dict[int, tuple[int, int]] = {}   # tensor -> (its op, position)
         self.inputs_held: dict[int, Any] = {}    # network inputs a recompute chain reads
+        self.blobs: dict[int, Any] = {}          # encoded form -> its array on the device
+
+    @property
+    def encoded(self) -> dict:
+        """Encoded form -> how its map is encoded (the program's; {} without one)."""
+        program = self.executor.program
+        return program.encoded if program is not None else {}
+
+    def twin_of(self, tensor: int) -> int:
+        """The id of ``tensor``'s encoded form."""
+        return next(t for t, info in self.encoded.items() if info.tensor == tensor)
 
     # ------------------------------------------------------------ references
     def node(self, tensor: int) -> Any:
@@ -72,6 +89,8 @@ class MapActions:
 
     def array_of(self, tensor: int) -> Any:
         """The tensor's array if any reference still holds it, else None."""
+        if tensor in self.encoded:
+            return self.blobs.get(tensor)
         node = self.node(tensor)
         if node is not None:
             if node_array(node) is not None:
@@ -96,6 +115,9 @@ class MapActions:
         return self.node(tensor) is not None or self._retained_by(tensor) is not None
 
     def drop(self, tensor: int, slot: Slot) -> None:
+        if tensor in self.encoded:
+            self.blobs.pop(tensor, None)
+            return
         node = self.node(tensor)
         if node is not None and node_array(node) is not None:
             set_node_array(node, None)
@@ -109,6 +131,10 @@ class MapActions:
                 slot.dropped_retained = True
 
     def restore(self, tensor: int, slot: Slot, array: Any) -> None:
+        if tensor in self.encoded:
+            self.blobs[tensor] = array
+            self.executor.device.track(array, tensor)
+            return
         node = self.node(tensor)
         if slot.dropped_node and node is not None:
             set_node_array(node, array)
@@ -142,6 +168,10 @@ class MapActions:
             self.recompute(tensor)
         elif action == "free":
             self.free(tensor, final)
+        elif action == "encode":
+            self.encode(tensor)
+        elif action == "decode":
+            self.decode(tensor)
         else:
             raise ExecutorError(f"unknown action {action!r}")
 
@@ -239,6 +269,44 @@ class MapActions:
         self.drop(tensor, slot)
         slot.state = "host" if final and slot.transfer is not None else "freed"
         self.executor.stats.frees += 1
+
+    def encode(self, tensor: int) -> None:
+        """Store ``tensor`` in its encoded form and drop the graph's references to it."""
+        twin = self.twin_of(tensor)
+        array = self.array_of(tensor)
+        if array is None:
+            raise ExecutorError(f"encode of tensor {tensor}: no reference holds its array")
+        blob = codecs.encode(self.encoded[twin].codec, array)
+        del array
+        self.restore(twin, self.slot(twin), blob)
+        self.slot(twin).state = "device"
+        slot = self.slot(tensor)
+        self.drop(tensor, slot)
+        slot.state = "encoded"
+        self.executor.stats.encodes += 1
+
+    def decode(self, tensor: int, keep_encoded: bool = False) -> None:
+        """Put ``tensor`` back from its encoded form, which then goes (unless
+        ``keep_encoded``: a restore outside the schedule, which drops the map again after)."""
+        twin = self.twin_of(tensor)
+        twin_slot = self.slot(twin)
+        if twin_slot.state == "host":
+            self.swap_in(twin)
+        self.wait(twin)
+        blob = self.blobs.get(twin)
+        if blob is None:
+            raise ExecutorError(f"decode of tensor {tensor}: its encoded form is gone")
+        shape, dtype = self.executor.trace.tensors[tensor].shape, \
+            self.executor.trace.tensors[tensor].dtype
+        array = codecs.decode(self.encoded[twin].codec, blob, shape, dtype)
+        del blob
+        slot = self.slot(tensor)
+        self.restore(tensor, slot, array)
+        slot.state = "device"
+        if not keep_encoded:
+            self.drop(twin, twin_slot)
+            twin_slot.state = "host" if twin_slot.transfer is not None else "freed"
+        self.executor.stats.decodes += 1
 
     def landed(self, action: str, tensor: int) -> bool:
         """Whether ``action`` finds the copy it may wait for already landed (nothing to wait)."""

@@ -52,6 +52,9 @@ class IterationSample:
     conv_calls: dict[int, Any] = field(default_factory=dict)  # forward op -> ConvCall
     splits: dict[int, tuple[int, int]] = field(default_factory=dict)  # forward op -> pieces
     # (forward, backward) it ran in (the program profiling ran split it)
+    nonzero: dict[int, float] = field(default_factory=dict)   # tensor -> nonzero fraction
+    # codec -> (encode, decode) seconds per byte, one entry per timed map (hooks/codecs.py)
+    codec_s: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
 
 
 def fit_link(samples: list[IterationSample], name: str = "measured") -> Link | None:
@@ -348,4 +351,24 @@ def build_profile(samples: list[IterationSample], device: Device, link: Link, re
     if between:
         profile.ops["runtime_s"] = [between.get(int(op), 0.0) for op in profile.ops["op"]]
     profile.action_s = action_seconds(use)
+    _encoding_measures(profile, use)
     return profile
+
+
+def _encoding_measures(profile: Profile, use: list[IterationSample]) -> None:
+    """What the encodings need (pooch_ext/encodings.py): each tensor's largest nonzero
+    fraction seen, the codecs' median seconds per byte."""
+    seen: dict[int, float] = {}
+    for sample in use:
+        for t, fraction in sample.nonzero.items():
+            seen[t] = max(seen.get(t, 0.0), fraction)
+    if seen:
+        profile.tensors["nonzero"] = [seen.get(int(t), math.nan) for t in profile.tensors["tensor"]]
+    rates: dict[str, list[tuple[float, float]]] = {}
+    for sample in use:
+        for codec, values in sample.codec_s.items():
+            rates.setdefault(codec, []).extend(values)
+    if rates:
+        profile.meta["codec_s_per_byte"] = {
+            codec: [_median([v[0] for v in values]), _median([v[1] for v in values])]
+            for codec, values in rates.items()}

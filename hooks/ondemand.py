@@ -70,6 +70,9 @@ class OnDemand:
             maps.swap_in(tensor)
             maps.wait(tensor)
             executor.log_action("swap_in", tensor)
+        elif slot.state == "encoded":
+            maps.decode(tensor, keep_encoded=True)
+            executor.log_action("decode", tensor)
         elif slot.state == "freed":
             maps.recompute(tensor)
             executor.log_action("recompute", tensor)
@@ -77,6 +80,11 @@ class OnDemand:
             return
         self.after_op.append(tensor)
         executor.stats.on_demand += 1
+
+    def _still_encoded(self, tensor: int) -> bool:
+        maps = self.executor.maps
+        twins = [t for t, info in maps.encoded.items() if info.tensor == tensor]
+        return bool(twins) and twins[0] in maps.blobs
 
     def restore_for(self, fwd_index: int) -> None:
         """What forward op ``fwd_index``'s backward reads, back on the device if it is not."""
@@ -95,7 +103,8 @@ class OnDemand:
             if slot.state in ("device", "incoming"):
                 maps.wait(tensor)
                 maps.drop(tensor, slot)
-                slot.state = "host" if slot.transfer is not None else "freed"
+                slot.state = "host" if slot.transfer is not None else \
+                    "encoded" if self._still_encoded(tensor) else "freed"
                 self.executor.log_action("release", tensor, boundary)
         self.after_op = []
 

@@ -22,7 +22,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from pooch_ext.encodings import CODECS
 from pooch_ext.functions import RECOMPUTABLE
+from pooch_ext.hooks import codecs
 from pooch_ext.hooks.allocator import AllocationLog, cupy_memory_hook, scratch_bytes
 from pooch_ext.hooks.conv_configs import conv_call, with_gradient
 from pooch_ext.hooks.executor import Executor
@@ -33,6 +35,7 @@ from pooch_ext.hooks.recompute import RecomputeError, recompute
 from pooch_ext.trace import GraphTrace
 
 KEEP_SAMPLES = 16       # the most recent measured iterations a profiler holds
+CODEC_TIMINGS = 2       # ReLU outputs an iteration on which the codecs are timed
 
 
 def __getattr__(name: str) -> Any:
@@ -70,6 +73,9 @@ class Profiler:
         self._entry: dict[int, int] = {}      # op window -> device bytes held as it starts
         self._gap_peak = 0
         self._window_live = 0
+        self._nonzero: dict[int, float] = {}
+        self._codec_s: dict[str, list[tuple[float, float]]] = {}
+        self._codecs_timed = 0
 
     # ------------------------------------------------------------ switching
     @property
@@ -169,6 +175,7 @@ class Profiler:
             if call is not None:
                 self._conv_calls[index] = call
             self._time_rerun(index, function, in_data)
+        self._measure_encodings(index, function)
         self._own_s += time.perf_counter() - began
 
     def backward_began(self, index: int, fwd_index: int, out_grad: tuple = ()) -> None:
@@ -188,6 +195,7 @@ class Profiler:
         """A leading forward-only pass left the iteration: its measurements go with it."""
         self._fwd_timers = {k - n_ops: v for k, v in self._fwd_timers.items() if k >= n_ops}
         self._scratch = {k - n_ops: v for k, v in self._scratch.items() if k >= n_ops}
+        self._nonzero = {t - n_tensors: v for t, v in self._nonzero.items() if t >= n_tensors}
         self._peaks = {k - n_ops: v for k, v in self._peaks.items() if k >= n_ops}
         self._entry = {k - n_ops: v for k, v in self._entry.items() if k >= n_ops}
         self._conv_calls = {k - n_ops: v for k, v in self._conv_calls.items() if k >= n_ops}
@@ -241,6 +249,28 @@ class Profiler:
             vars(function).clear()
             vars(function).update(state)
 
+    def _measure_encodings(self, index: int, function: Any) -> None:
+        """Each output's nonzero fraction, and (on a few ReLU outputs an iteration) the
+        codecs' times: what the planner's encodings need, outside the device's count."""
+        executor = self.executor
+        device = executor.device
+        relu = type(function).__name__ == "ReLU"
+        logging, self.log.enabled = self.log.enabled, False
+        try:
+            with device.host_side():
+                for t in executor.trace.ops[index].outputs:
+                    array = executor.maps.array_of(t)
+                    if array is None or array.dtype.kind != "f" or not array.size:
+                        continue
+                    self._nonzero[t] = float(codecs.nonzero_bits(array).sum()) / array.size
+                    if relu and self._codecs_timed < CODEC_TIMINGS:
+                        self._codecs_timed += 1
+                        for codec in CODECS:
+                            self._codec_s.setdefault(codec, []).append(
+                                codecs.timed_round_trip(codec, array, device.synchronize))
+        finally:
+            self.log.enabled = logging
+
     def _saved_bytes(self, function: Any, index: int) -> int:
         """Bytes of arrays the function node keeps beyond its inputs, outputs and the model's."""
         executor = self.executor
@@ -289,6 +319,8 @@ class Profiler:
             sample.peak_bytes = dict(self._peaks)
             sample.entry_bytes = dict(self._entry)
         sample.schedule = self._ran_schedule()
+        sample.nonzero = dict(self._nonzero)
+        sample.codec_s = {codec: list(values) for codec, values in self._codec_s.items()}
         return sample
 
     def _ran_schedule(self) -> Any:

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
+from pooch_ext.encodings import Encoded, encoded_maps
 from pooch_ext.errors import ExecutorError
 from pooch_ext.profile import Profile
 from pooch_ext.sim.check import validate_schedule
@@ -32,6 +33,9 @@ class Program:
     # forward op -> (pieces of its forward, pieces of its backward): the plan's split
     # convolutions (Plan.configs by forward op; hooks/split_conv.py runs them)
     splits: dict[int, tuple[int, int]] = field(default_factory=dict)
+    # encoded form -> how its map is encoded (pooch_ext/encodings.py): the schedule acts on
+    # the encoded form; the executor encodes and decodes the map itself
+    encoded: dict[int, Encoded] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.known_inputs:
@@ -125,6 +129,13 @@ def compile_program(trace: GraphTrace, profile: Profile, schedule: pd.DataFrame,
     for position, (boundary, action, tensor) in enumerate(rows):
         final = action == "free" and last_return.get(tensor, -1) < position
         actions.setdefault(boundary, []).append((action, tensor, final))
+    encoded = encoded_maps(profile)
+    for info in encoded.values():
+        # encoded before anything moves the encoded form, decoded after its swap-in landed,
+        # the decoded map freed after its last backward reader, as the profile models it
+        actions.setdefault(info.encode_after + 1, []).insert(0, ("encode", info.tensor, False))
+        actions.setdefault(info.decode_at, []).append(("decode", info.tensor, False))
+        actions.setdefault(info.last_use + 1, []).append(("free", info.tensor, True))
     tensors = profile.tensors.set_index("tensor")
     recomputed = {t for _, a, t in rows if a == "recompute"}
     chains = {t: [int(k) for k in tensors.at[t, "recompute_ops"]] for t in recomputed}
@@ -132,7 +143,8 @@ def compile_program(trace: GraphTrace, profile: Profile, schedule: pd.DataFrame,
     sources = {int(s) for t in recomputed for s in tensors.at[t, "recompute_sources"]
                if kinds.get(int(s)) == "input"}
     return Program(trace, actions, chains, frozenset(sources), profile.n_ops, label,
-                   splits=_splits(profile, configs or {}))
+                   splits=_splits(profile, configs or {}),
+                   encoded={info.twin: info for info in encoded.values()})
 
 
 def _splits(profile: Profile, configs: dict[int, int]) -> dict[int, tuple[int, int]]:

@@ -75,6 +75,10 @@ class Plan:
     # op -> pieces it runs in (split convolutions, sim/configs.py); ops left out run whole.
     # Empty before simulation means "choose them": the simulator fills in its choice
     configs: dict[int, int] = field(default_factory=dict)
+    # feature map -> the encoding it is stored in between forward and backward (issue 16,
+    # pooch_ext/encodings.py); its class is its encoded form's (keep: encode, swap: encode +
+    # swap), which the schedule names by the encoded form's id
+    encodings: dict[int, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         bad = {c for c in self.classes.values() if c not in CLASSES}

@@ -24,13 +24,11 @@ first optimizer update (``UnsupportedLoopError``). After the first update nothin
 a policy that cannot plan leaves the swap-all plan running, an unsupported iteration runs as
 plain Chainer.
 
-With ``comm`` (a ChainerMN communicator) every decision above is made once, on rank 0, from
-all ranks' profiles combined, and handed to every rank: the same schedule everywhere, the same
-refusal at the same point (pooch_ext/distributed.py).
-
-Variables the user's code still holds keep their arrays (only the graph's references are
-dropped); the profile measures how long they are held and plans count them as kept for that
-long.
+With ``comm`` (a ChainerMN communicator) every decision is made on rank 0 from all ranks'
+profiles and handed to every rank (pooch_ext/distributed.py). ``encodings="lossless"`` lets
+the plan store maps encoded (Gist, pooch_ext/encodings.py); "lossy" also in fp16 (opt-in).
+Variables the user's code holds keep their arrays (only the graph's references are dropped);
+the profile measures how long they are held and plans count them as kept for that long.
 """
 from __future__ import annotations
 
@@ -51,6 +49,8 @@ from pooch_ext.errors import (BudgetTooSmallError, PolicyDoesNotFitError, PoochE
 from pooch_ext.hooks.chainer_refs import check_chainer
 from pooch_ext.hooks.device import UNLIMITED, device_for
 from pooch_ext.hooks.model_state import ModelSnapshot, resident_bytes
+from pooch_ext.encodings import check_setting
+from pooch_ext.encodings import classify as choose_encodings
 from pooch_ext.hooks.program import ExecutorError, Program, compile_program
 from pooch_ext.trace import GraphTrace
 from pooch_ext.hooks.executor import Executor
@@ -83,7 +83,8 @@ class PoocH(PoochResults):
                  budget: int | str | None = None, link: str | Link = "auto",
                  policy: str | Callable | None = "pooch", device: RuntimeDevice | None = None,
                  verbose: bool = True, host_budget: int | str | None = None,
-                 split_convolutions: bool = True, comm: Any = None) -> None:
+                 split_convolutions: bool = True, comm: Any = None,
+                 encodings: str | None = None) -> None:
         check_chainer()        # a Chainer the runtime was not tested with is refused here
         if int(profile_iters) < 1:
             raise ValueError(f"profile_iters must be >= 1, got {profile_iters}")
@@ -98,6 +99,7 @@ class PoocH(PoochResults):
         self.policy = policy
         self.verbose = verbose
         self.split_convolutions = bool(split_convolutions)
+        self.encodings = check_setting(encodings)   # "none", "lossless" or "lossy"
         # data-parallel ranks (a ChainerMN communicator): rank 0 decides for all of them
         self.ranks = Ranks(comm) if comm is not None else None
         self._allreduce: AllreduceMeter | None = None
@@ -353,8 +355,7 @@ class PoocH(PoochResults):
             self._apply_budget()
             return
         try:
-            profile, plan = self._agreed(profile, lambda agreed: self._classify(
-                agreed, self.policy, self.host_budget))
+            _, (profile, plan) = self._agreed(profile, self._classify_encoded)
             program = compile_program(trace, profile, plan.schedule, plan.policy, plan.configs)
         except (BudgetTooSmallError, ExecutorError) as error:
             if graph.provisional is None:
@@ -421,8 +422,14 @@ class PoocH(PoochResults):
             return profile, decide(profile)
         settings = dict(budget=self.budget_bytes, policy=self._policy_name(),
                         profile_iters=self.profile_iters, host_budget=self.host_budget,
-                        split_convolutions=self.split_convolutions)
+                        split_convolutions=self.split_convolutions, encodings=self.encodings)
         return self.ranks.agree(profile, decide, settings)
+
+    def _classify_encoded(self, profile: Profile) -> tuple[Profile, Plan]:
+        """(the profile the plan runs on, the policy's plan, with encodings the fastest over
+        the encoding sets pooch_ext/encodings.py tries: never slower than none)."""
+        return choose_encodings(profile, lambda target: self._classify(
+            target, self.policy, self.host_budget), self.encodings)
 
     def _classify(self, profile: Profile, policy: str | Callable,
                   host_budget: float = math.inf) -> Plan:

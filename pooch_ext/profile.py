@@ -55,6 +55,8 @@ tensors (activations only; parameters are resident and not listed)
                         the caller's code holds, a function node keeping it for a backward
                         this pass does not run) still holds it, as measured; -1 when nothing
                         does past its last use (and for analytic profiles)
+    nonzero       float fraction of its elements that are nonzero, as measured (what a sparse
+                        encoding saves, pooch_ext/encodings.py); NaN where not measured
 
 memory (device allocations in program order, attributed to ops)
     seq           int   global order

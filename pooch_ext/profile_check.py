@@ -221,8 +221,9 @@ def _ops_refs(ops: pd.DataFrame, tensors: pd.DataFrame) -> list[Problem]:
     """What each op reads, makes and needs exists when it runs."""
     p: list[Problem] = []
     producer = dict(zip(tensors["tensor"].tolist(), tensors["producer"].tolist()))
-    for k, (phase, fwd_op, inputs, outputs, needs) in enumerate(zip(
-            ops["phase"], ops["fwd_op"], ops["inputs"], ops["outputs"], ops["needs"])):
+    last_forward = int((ops["phase"] == "forward").sum()) - 1
+    for k, (phase, inputs, outputs, needs) in enumerate(zip(
+            ops["phase"], ops["inputs"], ops["outputs"], ops["needs"])):
         for column, ids in (("inputs", inputs), ("outputs", outputs), ("needs", needs)):
             unknown = [t for t in ids if t not in producer]
             if unknown:
@@ -236,7 +237,10 @@ def _ops_refs(ops: pd.DataFrame, tensors: pd.DataFrame) -> list[Problem]:
                     p.append(Problem("ops", k, column, f"tensor {other[0]} is made by op "
                                                        f"{producer[other[0]]}"))
             else:
-                last = k - 1 if phase == "forward" else fwd_op if phase == "backward" else -1
+                # a backward op may need anything forward made (an encoded form is made
+                # by a map's last forward reader, after the op whose backward needs it)
+                last = k - 1 if phase == "forward" else last_forward if phase == "backward" \
+                    else -1
                 early = [t for t in ids if producer[t] > last]
                 if early:
                     p.append(Problem("ops", k, column, f"reads tensor {early[0]} before op "

@@ -58,6 +58,11 @@ def _parse_rerun(value: Any) -> float:
     return math.nan if _missing(value) or value == "" else _parse_float(value)
 
 
+def _parse_fraction(value: Any) -> float:
+    """nonzero: NaN where missing or not measured."""
+    return math.nan if _missing(value) or value == "" else _parse_float(value)
+
+
 def _parse_float(value: Any) -> float:
     if isinstance(value, (bool, np.bool_)):
         raise ValueError("a boolean is not a number")
@@ -156,6 +161,7 @@ TENSORS_COLUMNS = (
     Column("can_keep", _parse_bool), Column("can_swap", _parse_bool),
     Column("can_recompute", _parse_bool), Column("why_not", _parse_str),
     Column("held_until", _parse_held, optional=True),
+    Column("nonzero", _parse_fraction, optional=True),
 )
 MEMORY_COLUMNS = (
     Column("seq", parse_int), Column("op", parse_int), Column("kind", _parse_str),
@@ -165,6 +171,7 @@ TABLES = {"ops": OPS_COLUMNS, "tensors": TENSORS_COLUMNS, "memory": MEMORY_COLUM
 SCALAR_TYPES = {parse_int: "int64", _parse_float: "float64", _parse_bool: bool}
 EXPECTED = {parse_int: "an integer", _parse_held: "an integer", _parse_float: "a number",
             _parse_bool: "true or false", _parse_runtime: "a number", _parse_rerun: "a number",
+            _parse_fraction: "a number",
             _parse_int_list: "integers separated by spaces",
             _parse_shape: "a shape such as 2x3x4",
             parse_configs: "pieces:bytes:seconds entries separated by spaces"}

@@ -1,0 +1,119 @@
+"""Gist's encodings in PoocH (issue 16): how much they shrink the in-core footprint, and
+what they add to PoocH on the paper's x86 (PCIe gen3) and POWER9 (NVLink 2.0) hosts.
+
+reduction.csv: one row per network and setting (``lossless``: binarize + sparse;
+``lossless+dpr``: also fp16 stashes), the in-core peak (Gist's footprint: everything the
+iteration holds at once, every map kept) without and with every encoding the rules allow,
+and their ratio (``reduction``, Gist's MFR). pooch.csv: ResNet-50 b512 and VGG-16 b256 on a
+16 GB V100, PoocH without and with lossless encodings (the search over encoding sets of
+pooch_ext/encodings.py): the smallest budget each reaches, and the plan's images/s at 16 GB
+and at budgets between the minimum and the in-core need.
+
+Assumption, stated because the sparse figures follow it: analytic profiles take half of a
+ReLU output's elements to be nonzero (the least sparse Gist reports; measured profiles count
+them). Decoded maps are full-size float arrays (cuDNN's ReLU backward reads the map itself).
+
+    .venv/bin/python experiments/gist_encodings.py [--out-dir ...]
+"""
+from __future__ import annotations
+
+import sys
+
+import matplotlib.pyplot as plt
+import pandas as pd
+from tqdm import tqdm
+
+import common
+from pooch_ext import encodings
+from pooch_ext.policies import get_policy
+from pooch_ext.sim.budgets import minimum_budget
+
+OUT = common.RESULTS / "gist"
+NETWORKS = (("vgg16", 256), ("alexnet", 2048), ("resnet50", 512), ("small-resnet", 128))
+SETTINGS = {"lossless": "lossless", "lossless+dpr": "lossy"}
+POOCH_NETWORKS = (("resnet50", 512), ("vgg16", 256))
+FRACTIONS = (0.0, 0.25, 0.5)
+GiB = 2 ** 30
+
+
+def reduction_rows() -> list[dict]:
+    rows = []
+    for model, batch in tqdm(NETWORKS, desc="footprints", leave=False):
+        p = common.profile(model, batch)
+        for name, setting in SETTINGS.items():
+            table = encodings.candidates(p, setting)
+            plain, encoded = encodings.footprint(p, setting)
+            counts = table["codec"].value_counts()
+            rows.append(dict(network=model, batch=batch, setting=name,
+                             incore_bytes=plain, encoded_bytes=encoded,
+                             reduction=round(plain / encoded, 3),
+                             maps=int((p.tensors.kind == "feature_map").sum()),
+                             encoded_maps=len(table),
+                             **{c: int(counts.get(c, 0)) for c in encodings.CODECS}))
+    return rows
+
+
+def least_budget(p, setting: str) -> tuple[int, int]:
+    """(smallest budget without encodings, smallest over the encoding sets PoocH tries)."""
+    sets = encodings.choices(encodings.candidates(p, setting))
+    return minimum_budget(p), min(minimum_budget(encodings.encoded_profile(p, s)) for s in sets)
+
+
+def pooch_rows() -> list[dict]:
+    rows = []
+    pooch = get_policy("pooch").classify
+    jobs = [(m, b, link) for m, b in POOCH_NETWORKS for link in common.PAPER_LINKS]
+    for model, batch, link in tqdm(jobs, desc="pooch", leave=False):
+        p = common.profile(model, batch)
+        floor, floor_encoded = least_budget(p, "lossless")
+        budgets = {"16GB": p.device.capacity_bytes}
+        for f in FRACTIONS:
+            budgets[f"{f:g} of the way"] = int(floor + f * (p.incore_peak_bytes - floor))
+        for where, budget in budgets.items():
+            if budget >= p.incore_peak_bytes:
+                continue
+            plain = pooch(p, budget, link)
+            _, plan = encodings.classify(p, pooch, "lossless", budget=budget, link=link)
+            for setting, chosen, least in (("none", plain, floor), ("lossless", plan, floor_encoded)):
+                rows.append(dict(network=model, batch=batch, link=link, budget=where,
+                                 budget_bytes=budget, encodings=setting,
+                                 minimum_bytes=least, feasible=bool(chosen.feasible),
+                                 iteration_time_s=chosen.iteration_time_s,
+                                 images_per_s=batch / chosen.iteration_time_s,
+                                 incore_images_per_s=batch / p.incore_time_s,
+                                 encoded_maps=len(chosen.encodings),
+                                 **chosen.counts))
+    return rows
+
+
+def plot(reduction: pd.DataFrame, path) -> None:
+    wide = reduction.pivot(index="network", columns="setting", values="reduction")
+    ax = wide[list(SETTINGS)].plot.bar(figsize=(6.5, 3.6), rot=0)
+    ax.axhline(1.0, color="black", lw=0.8)
+    ax.set_ylabel("in-core footprint / with encodings")
+    ax.set_title("Gist's encodings: footprint reduction (analytic, V100)")
+    plt.tight_layout()
+    plt.savefig(path, dpi=120)
+    plt.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = common.parser(__doc__, OUT).parse_args(argv)
+    out = args.out_dir
+    out.mkdir(parents=True, exist_ok=True)
+    reduction = pd.DataFrame(reduction_rows())
+    reduction.to_csv(out / "reduction.csv", index=False)
+    plot(reduction, out / "reduction.png")
+    table = pd.DataFrame(pooch_rows())
+    table.to_csv(out / "pooch.csv", index=False)
+    print(reduction[["network", "batch", "setting", "reduction", "encoded_maps"]].to_string(index=False))
+    wide = table.pivot_table(index=["network", "link", "budget"], columns="encodings",
+                             values="images_per_s").round(1)
+    print(wide.to_string())
+    least = table.groupby(["network", "encodings"]).minimum_bytes.first() / GiB
+    print(least.round(2).to_string())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,369 @@
+"""Gist's encodings as a fourth class (issue 16, ../shared/papers/gist.txt): a feature map
+stored in a smaller form between its last forward use and its first backward use.
+
+* ``binarize`` (lossless): a ReLU output that only ReLU's own backward reads needs one bit per
+  element (Chainer's ReLU backward reads ``y > 0``; max pooling after it keeps its argmax,
+  not its input). Gist's ReLU -> pool rule, checked on the real graph: every backward op
+  that needs the map must be the producer's backward.
+* ``sparse`` (lossless, Gist's SSDC): the nonzero elements and a bitmap of where they are;
+  any map, worth it where most elements are zero (ReLU outputs feeding a convolution).
+  "Nonzero" compares the elements' bits, so -0.0 and NaN come back exactly.
+* ``fp16`` (lossy, Gist's delayed precision reduction): opt-in only.
+
+How the planner sees an encoded map: the profile is rewritten (``encoded_profile``) so that
+the map becomes an intermediate that its last forward reader frees, and a new feature map,
+its *encoded form* (``uint8`` bytes), is made by that reader and needed by the first backward
+op that needs the map; the decoded map is memory allocated there and freed where the map was.
+Encoding and decoding cost their time on those two ops. Every policy then classifies the
+encoded form like any map, so keep = encode and swap = encode + swap (the encoded bytes go
+over the link). The executor carries it out with two more actions (hooks/codecs.py,
+hooks/map_actions.py). The encoded form cannot be recomputed; a map whose recompute chain
+reads an encoded map is not recomputed either (the chain would need the decoded map).
+
+This module is the one home of the codecs' sizes and of which map may take which encoding;
+hooks/codecs.py produces exactly these sizes (tests/test_encodings.py).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import pandas as pd
+
+from pooch_ext.errors import PoochError
+from pooch_ext.plan import Plan
+from pooch_ext.profile import Profile
+
+LOSSLESS = ("binarize", "sparse")
+LOSSY = ("fp16",)
+CODECS = LOSSLESS + LOSSY
+SETTINGS = ("none", "lossless", "lossy")
+FLOATS = ("float16", "float32", "float64")
+# analytic profiles: the fraction of a ReLU output's elements that are nonzero (half: the
+# least sparse Gist reports for ReLU outputs); measured profiles count them ("nonzero")
+RELU_NONZERO = 0.5
+NONZERO_MARGIN = 0.05   # of the elements, above the most seen while profiling
+# an encoding is offered only where it saves at least this fraction of the map
+LEAST_SAVING = 0.25
+WHY_ENCODED = "an encoded form: decoded, never recomputed"
+
+
+def mask_bytes(n: int) -> int:
+    """Bytes of a one-bit-per-element mask, padded to 8 bytes so the values after it are
+    aligned for any dtype."""
+    return (int(n) + 63) // 64 * 8
+
+
+def encoded_bytes(codec: str, n: int, itemsize: int, nonzero: int) -> int:
+    """Bytes of ``codec``'s form of ``n`` elements of ``itemsize`` bytes, ``nonzero`` of
+    them nonzero."""
+    if codec == "binarize":
+        return mask_bytes(n)
+    if codec == "sparse":
+        return mask_bytes(n) + int(nonzero) * int(itemsize)
+    if codec == "fp16":
+        return 2 * int(n)
+    raise PoochError(f"unknown encoding {codec!r}; known: {', '.join(CODECS)}")
+
+
+def scratch_bytes(codec: str, n: int, itemsize: int, nonzero: int) -> tuple[int, int]:
+    """(encode, decode) scratch beyond the two forms, as hooks/codecs.py allocates it: a
+    one-byte-per-element mask (two while unpacking), the packed mask, the gathered values."""
+    if codec == "fp16":
+        return 0, 0
+    encode = int(n) + 2 * mask_bytes(n) + (int(nonzero) * int(itemsize) if codec == "sparse" else 0)
+    return encode, 2 * int(n)
+
+
+def check_setting(setting: str | None) -> str:
+    """'none', 'lossless' (the default of PoocH) or 'lossy' (lossless + fp16 stashes)."""
+    setting = "none" if setting is None else setting
+    if setting not in SETTINGS:
+        raise PoochError(f"unknown encodings setting {setting!r}; known: {', '.join(SETTINGS)}")
+    return setting
+
+
+# ---------------------------------------------------------------- which map, which codec
+
+def candidates(profile: Profile, setting: str = "lossless") -> pd.DataFrame:
+    """One row per feature map that may be encoded, with its smallest allowed codec: tensor,
+    codec, bytes, encoded_bytes, encode_s, decode_s, encode_after (its last forward reader),
+    decode_at (its first backward reader)."""
+    setting = check_setting(setting)
+    columns = ["tensor", "codec", "bytes", "encoded_bytes", "encode_s", "decode_s",
+               "encode_after", "decode_at", "encode_scratch", "decode_scratch"]
+    if setting == "none":
+        return pd.DataFrame(columns=columns)
+    ops, tensors = profile.ops, profile.tensors
+    names, fwd_of = ops["name"].tolist(), ops["fwd_op"].tolist()
+    backward_of = {f: k for k, f in enumerate(fwd_of) if f >= 0}
+    seconds = _codec_seconds(profile)
+    nonzero = tensors["nonzero"] if "nonzero" in tensors else pd.Series(math.nan, tensors.index)
+    rows = []
+    for row in tensors[tensors["kind"] == "feature_map"].itertuples():
+        if row.dtype not in FLOATS or not row.can_keep or row.bytes == 0:
+            continue
+        last_forward = max(list(row.fwd_consumers) + [row.producer])
+        if row.held_until >= min(row.bwd_consumers):
+            continue           # the caller holds it into backward: encoding saves nothing
+        n, itemsize = math.prod(row.shape), np.dtype(row.dtype).itemsize
+        fraction = nonzero[row.Index]
+        if not math.isnan(fraction):
+            # another batch may be a little less sparse than the profiled ones
+            fraction = min(1.0, fraction + NONZERO_MARGIN)
+        else:
+            fraction = RELU_NONZERO if names[row.producer] == "ReLU" else 1.0
+        allowed = ["sparse"]
+        if names[row.producer] == "ReLU" and \
+                list(row.bwd_consumers) == [backward_of.get(row.producer, -2)]:
+            allowed.append("binarize")
+        if setting == "lossy" and row.dtype != "float16":
+            allowed.append("fp16")
+        nonzero_elements = round(fraction * n)
+        sizes = {c: encoded_bytes(c, n, itemsize, nonzero_elements) for c in allowed}
+        codec = min(allowed, key=lambda c: (sizes[c], CODECS.index(c)))
+        if sizes[codec] > (1 - LEAST_SAVING) * row.bytes:
+            continue
+        encode_s, decode_s = seconds(codec, row.bytes, sizes[codec])
+        rows.append((int(row.tensor), codec, int(row.bytes), sizes[codec], encode_s, decode_s,
+                     int(last_forward), int(min(row.bwd_consumers)),
+                     *scratch_bytes(codec, n, itemsize, nonzero_elements)))
+    return pd.DataFrame(rows, columns=columns)
+
+
+def _codec_seconds(profile: Profile) -> Callable[[str, int, int], tuple[float, float]]:
+    """(encode, decode) seconds of a map: measured rates per byte where the profile has them
+    (meta ``codec_s_per_byte``), else the cost model's GPU (one memory-bound pass reading one
+    form and writing the other), else the profile's ReLU ops' seconds per byte."""
+    rates = profile.meta.get("codec_s_per_byte") or {}
+    gpu_name = profile.meta.get("gpu")
+    if gpu_name:
+        from pooch_ext.analytic.costmodel import get_gpu
+        gpu = get_gpu(gpu_name)
+    relu = profile.ops[(profile.ops["name"] == "ReLU") & (profile.ops["phase"] == "forward")]
+    out_bytes = profile.tensors.set_index("tensor")["bytes"]
+    per_byte = [s / out_bytes[o[0]] for s, o in zip(relu["duration_s"], relu["outputs"])
+                if o and out_bytes[o[0]] > 0]
+    relu_rate = float(np.median(per_byte)) if per_byte else 0.0
+
+    def seconds(codec: str, nbytes: int, encoded: int) -> tuple[float, float]:
+        if codec in rates:
+            encode_rate, decode_rate = rates[codec]
+            return encode_rate * nbytes, decode_rate * nbytes
+        if gpu_name:
+            elements = nbytes / 4
+            one_pass = gpu.time_s(elements, nbytes + encoded)
+            return one_pass, one_pass
+        return relu_rate * nbytes, relu_rate * nbytes
+    return seconds
+
+
+# ---------------------------------------------------------------- the rewritten profile
+
+def twin_ids(profile: Profile, table: pd.DataFrame) -> dict[int, int]:
+    """Encoded map -> the id of its encoded form (new ids after the profile's, in map order)."""
+    first = int(profile.tensors["tensor"].max()) + 1
+    return {int(t): first + k for k, t in enumerate(sorted(table["tensor"]))}
+
+
+def encoded_profile(profile: Profile, table: pd.DataFrame) -> Profile:
+    """``profile`` with the maps of ``table`` (rows of ``candidates``) stored encoded (see the
+    module's docstring); the same profile when ``table`` is empty."""
+    # Long on purpose: one rewrite of the three tables that must stay consistent with each
+    # other (profile_check.py checks them); split, each part would need the others' state.
+    if not len(table):
+        return profile
+    ops = profile.ops.copy()
+    for column in ("outputs", "needs"):
+        ops[column] = [list(v) for v in ops[column]]
+    tensors = profile.tensors.copy()
+    rows_of = {int(t): i for i, t in enumerate(tensors["tensor"])}
+    twins = twin_ids(profile, table)
+    duration = ops["duration_s"].to_numpy(float).copy()
+    memory = profile.memory
+    m_op, m_kind, m_tensor = (memory[c].tolist() for c in ("op", "kind", "tensor"))
+    m_bytes, m_cat = memory["bytes"].tolist(), memory["category"].tolist()
+    before: dict[int, list[tuple]] = {}   # op -> events before its own
+    after: dict[int, list[tuple]] = {}    # op -> events after its own
+    replaced: dict[int, tuple] = {}       # row of memory -> its replacement (None: dropped)
+    new_rows = []
+    for row in table.sort_values("tensor").itertuples():
+        t, twin, last_fwd, first_bwd = int(row.tensor), twins[int(row.tensor)], \
+            int(row.encode_after), int(row.decode_at)
+        i = rows_of[t]
+        bwd = list(tensors.at[i, "bwd_consumers"])
+        readers = [r for r in tensors.index if set(tensors.at[r, "recompute_sources"]) & {t}]
+        for r in readers:
+            if tensors.at[r, "can_recompute"]:
+                tensors.at[r, "can_recompute"] = False
+                tensors.at[r, "why_not"] = _why(tensors.at[r, "why_not"],
+                                                f"its recompute reads encoded map {t}")
+        size = int(row.encoded_bytes)
+        new_rows.append(dict(
+            tensor=twin, producer=last_fwd, output_index=len(ops.at[last_fwd, "outputs"]),
+            shape=(size,), dtype="uint8", bytes=size, kind="feature_map", fwd_consumers=[],
+            bwd_consumers=[first_bwd], swap_out_s=profile.link.swap_out_s(size),
+            swap_in_s=profile.link.swap_in_s(size), recompute_ops=[last_fwd],
+            recompute_sources=[s for s in ops.at[last_fwd, "inputs"]],
+            recompute_s=float(profile.ops.at[last_fwd, "rerun_s"]), can_keep=True,
+            can_swap=bool(tensors.at[i, "can_swap"]), can_recompute=False,
+            why_not=WHY_ENCODED, held_until=-1, nonzero=math.nan))
+        tensors.at[i, "kind"] = "intermediate"
+        tensors.at[i, "bwd_consumers"] = []
+        tensors.at[i, "recompute_ops"] = []
+        tensors.at[i, "recompute_sources"] = []
+        tensors.at[i, "recompute_s"] = 0.0
+        ops.at[last_fwd, "outputs"].append(twin)
+        for k in bwd:
+            ops.at[k, "needs"] = [twin if (x == t and k == first_bwd) else x
+                                  for x in ops.at[k, "needs"] if x != t or k == first_bwd]
+        duration[last_fwd] += float(row.encode_s)
+        duration[first_bwd] += float(row.decode_s)
+        nbytes = int(row.bytes)
+        free_row = next(r for r in range(len(m_op)) if m_tensor[r] == t and m_kind[r] == "free")
+        replaced[free_row] = (m_op[free_row], "free", nbytes, -1, "activation")
+        # the map itself goes when nothing holds it any more (a Variable of the caller's
+        # code may hold it a little longer: the profile's held_until)
+        gone = max(last_fwd, int(tensors.at[i, "held_until"]))
+        after.setdefault(last_fwd, []).extend(
+            [(last_fwd, "malloc", size, twin, "activation")] + _scratch(last_fwd, row.encode_scratch))
+        after.setdefault(gone, []).append((gone, "free", nbytes, t, "activation"))
+        before.setdefault(first_bwd, []).extend(
+            [(first_bwd, "malloc", nbytes, -1, "activation")]
+            + _scratch(first_bwd, row.decode_scratch))
+        after.setdefault(first_bwd, []).append((first_bwd, "free", size, twin, "activation"))
+    ops["duration_s"] = duration
+    if "nonzero" not in tensors:
+        tensors["nonzero"] = math.nan
+    tensors = pd.concat([tensors, pd.DataFrame(new_rows)], ignore_index=True)
+    events: list[tuple] = []
+    ops_seen = sorted(set(m_op) | set(before) | set(after))
+    by_op: dict[int, list[int]] = {}
+    for r, k in enumerate(m_op):
+        by_op.setdefault(k, []).append(r)
+    for k in ops_seen:
+        events.extend(before.get(k, ()))
+        for r in by_op.get(k, ()):
+            events.append(replaced.get(r, (k, m_kind[r], m_bytes[r], m_tensor[r], m_cat[r])))
+        events.extend(after.get(k, ()))
+    memory = pd.DataFrame(events, columns=["op", "kind", "bytes", "tensor", "category"])
+    memory.insert(0, "seq", range(len(memory)))
+    meta = dict(profile.meta, encoded={
+        str(int(row.tensor)): dict(codec=str(row.codec), twin=twins[int(row.tensor)],
+                                   encode_after=int(row.encode_after),
+                                   decode_at=int(row.decode_at),
+                                   last_use=int(max(profile.tensors.at[rows_of[int(row.tensor)],
+                                                                       "bwd_consumers"])))
+        for row in table.itertuples()})
+    return dataclasses.replace(profile, ops=ops, tensors=tensors, memory=memory, meta=meta)
+
+
+def _scratch(op: int, nbytes: int) -> list[tuple]:
+    """A codec's scratch at ``op``'s boundary: allocated and freed there."""
+    return [(op, "malloc", int(nbytes), -1, "transient"),
+            (op, "free", int(nbytes), -1, "transient")] if nbytes else []
+
+
+def _why(old: str, new: str) -> str:
+    return f"{old}; {new}" if old else new
+
+
+def table_for(profile: Profile, encodings: dict[int, str]) -> pd.DataFrame:
+    """The ``candidates`` rows of the maps ``encodings`` names, each with its codec (a plan's
+    encodings back into the table ``encoded_profile`` reads)."""
+    table = candidates(profile, "lossy" if set(encodings.values()) & set(LOSSY) else "lossless")
+    table = table[table["tensor"].isin(list(encodings))]
+    missing = set(encodings) - set(table["tensor"])
+    if missing or any(encodings[int(t)] != c for t, c in zip(table["tensor"], table["codec"])):
+        raise PoochError(f"the profile does not allow encoding {sorted(encodings)} as "
+                         f"{encodings} (maps {sorted(missing)} cannot be encoded)")
+    return table.reset_index(drop=True)
+
+
+# ---------------------------------------------------------------- the four-class search
+
+def choices(table: pd.DataFrame) -> list[pd.DataFrame]:
+    """The encoding sets the search tries, cheapest to decode first: none, binarized maps,
+    those plus sparse maps that at least halve, every candidate."""
+    halve = table["encoded_bytes"] <= table["bytes"] / 2
+    sets = [table.iloc[:0], table[table["codec"] == "binarize"],
+            table[(table["codec"] == "binarize") | halve], table]
+    unique: list[pd.DataFrame] = []
+    for chosen in sets:
+        if not any(set(chosen["tensor"]) == set(u["tensor"]) for u in unique):
+            unique.append(chosen)
+    return unique
+
+
+def classify(profile: Profile, classify_one: Callable[..., Plan], setting: str = "lossless",
+             **kwargs: object) -> tuple[Profile, Plan]:
+    """(the profile the plan runs on, the fastest plan over the encoding sets of ``choices``,
+    each classified by ``classify_one(profile, **kwargs)``). With no encoding set better than
+    none, the plain profile's plan: never slower than without encodings. A set whose plan does
+    not fit is passed over; if none fits, the plain profile's plan (which says why)."""
+    if check_setting(setting) == "none":
+        return profile, classify_one(profile, **kwargs)
+    best: tuple[Profile, Plan] | None = None
+    plain_plan = None
+    for chosen in choices(candidates(profile, setting)):
+        target = encoded_profile(profile, chosen)
+        try:
+            plan = classify_one(target, **kwargs)
+        except PoochError:
+            if not len(chosen):
+                raise
+            continue
+        plan.encodings = {int(t): str(c) for t, c in zip(chosen["tensor"], chosen["codec"])}
+        if not len(chosen):
+            plain_plan = plan
+        if plan.feasible and (best is None or plan.iteration_time_s < best[1].iteration_time_s):
+            best = (target, plan)
+    if best is None:
+        assert plain_plan is not None
+        return profile, plain_plan
+    _four_classes(best[1], best[0])
+    return best
+
+
+def _four_classes(plan: Plan, target: Profile) -> None:
+    """The plan's classification table by map: an encoded map's row is its encoded form's,
+    class "encode" (kept encoded) or "encode+swap", with its codec in ``encoding``."""
+    twins = {info.twin: info for info in encoded_maps(target).values()}
+    table = plan.table
+    if not len(table) or not twins:
+        return
+    table = table.copy()
+    codec = [twins[t].codec if t in twins else "" for t in table["tensor"]]
+    table["class"] = [("encode+swap" if c == "swap" else "encode") if e else c
+                      for c, e in zip(table["class"], codec)]
+    table["encoding"] = codec
+    table["tensor"] = [twins[t].tensor if t in twins else t for t in table["tensor"]]
+    plan.table = table
+
+
+def footprint(profile: Profile, setting: str) -> tuple[int, int]:
+    """(in-core peak bytes, in-core peak bytes with every ``setting`` encoding): Gist's
+    measure, every map kept."""
+    return profile.incore_peak_bytes, encoded_profile(
+        profile, candidates(profile, setting)).incore_peak_bytes
+
+
+@dataclass(frozen=True)
+class Encoded:
+    """One map an encoded profile stores encoded: what the executor needs to carry it out."""
+
+    tensor: int
+    codec: str
+    twin: int            # the id of its encoded form (what the schedule acts on)
+    encode_after: int    # its last forward reader: encoded at the boundary after it
+    decode_at: int       # its first backward reader: decoded at the boundary before it
+    last_use: int        # its last backward reader: the decoded map is freed after it
+
+
+def encoded_maps(profile: Profile) -> dict[int, Encoded]:
+    """Map -> how it is encoded, for a profile ``encoded_profile`` made; {} for any other."""
+    return {int(t): Encoded(int(t), **info)
+            for t, info in (profile.meta.get("encoded") or {}).items()}

@@ -1,0 +1,188 @@
+"""Gist's encodings as a fourth class (issue 16): the codecs, the rewritten profile the
+planner sees, the search over encoding sets, and bit-identical training with them."""
+from __future__ import annotations
+
+import chainer
+import chainer.functions as F
+import chainer.links as L
+import numpy as np
+import pytest
+
+from pooch_ext import encodings
+from pooch_ext.analytic.tracing import analytic_profile
+from pooch_ext.errors import PoochError
+from pooch_ext.hooks import codecs
+from pooch_ext.hooks.cpu_device import CpuDevice
+from pooch_ext.links import Link
+from pooch_ext.policies import get_policy
+from pooch_ext.sim.budgets import budget_between, minimum_budget
+from pooch_ext.testing import states_equal, synthetic_batches, trained
+
+
+class ReluPoolNet(chainer.Chain):
+    """Gist's two patterns: ReLU -> convolution (sparse) and ReLU -> max pooling (binarize)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        with self.init_scope():
+            self.c1 = L.Convolution2D(3, 16, 3, pad=1)
+            self.c2 = L.Convolution2D(16, 16, 3, pad=1)
+            self.c3 = L.Convolution2D(16, 32, 3, pad=1)
+            self.fc = L.Linear(None, 10)
+
+    def forward(self, x):
+        h = F.relu(self.c1(x))
+        h = F.max_pooling_2d(F.relu(self.c2(h)), 2)
+        h = F.max_pooling_2d(F.relu(self.c3(h)), 2)
+        return self.fc(h)
+
+
+class ReluConvNet(chainer.Chain):
+    """ReLU outputs only convolutions read: sparse is the only lossless encoding."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        with self.init_scope():
+            self.c1 = L.Convolution2D(3, 16, 3, pad=1)
+            self.c2 = L.Convolution2D(16, 16, 3, pad=1)
+            self.fc = L.Linear(None, 10)
+
+    def forward(self, x):
+        return self.fc(self.c2(F.relu(self.c2(F.relu(self.c1(x))))))
+
+
+# ---------------------------------------------------------------- codecs
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_codecs_give_back_what_backward_reads_in_exactly_the_planned_bytes(dtype):
+    rng = np.random.default_rng(0)
+    x = np.maximum(rng.standard_normal((4, 3, 5, 7)), 0).astype(dtype)
+    x[0, 0, 0, :4] = [-0.0, np.nan, np.inf, -1.0]           # bits a lossless codec keeps
+    nonzero = int(codecs.nonzero_bits(x).sum())
+    for codec in encodings.CODECS:
+        blob = codecs.encode(codec, x)
+        assert blob.dtype == np.uint8 and blob.ndim == 1
+        assert blob.size == encodings.encoded_bytes(codec, x.size, x.itemsize, nonzero)
+        y = codecs.decode(codec, blob, x.shape, x.dtype)
+        assert y.shape == x.shape and y.dtype == x.dtype
+        assert np.array_equal(y > 0, x > 0)
+    exact = codecs.decode("sparse", codecs.encode("sparse", x), x.shape, x.dtype)
+    assert exact.tobytes() == x.tobytes()
+    non_contiguous = x.transpose(0, 2, 1, 3)
+    again = codecs.decode("sparse", codecs.encode("sparse", non_contiguous),
+                          non_contiguous.shape, x.dtype)
+    assert again.tobytes() == np.ascontiguousarray(non_contiguous).tobytes()
+
+
+def test_an_unknown_codec_or_setting_is_refused_by_name():
+    with pytest.raises(PoochError, match="unknown encoding 'zip'"):
+        encodings.encoded_bytes("zip", 10, 4, 5)
+    with pytest.raises(PoochError, match="known: none, lossless, lossy"):
+        encodings.check_setting("fast")
+
+
+# ---------------------------------------------------------------- the planner's view
+
+@pytest.fixture(scope="module")
+def vgg():
+    return analytic_profile("vgg16", 8, None, gpu="v100-16gb", conv="cudnn")
+
+
+def test_gists_rules_on_the_real_graph(vgg):
+    table = encodings.candidates(vgg, "lossless")
+    names = vgg.ops["name"]
+    tensors = vgg.tensors.set_index("tensor")
+    for row in table.itertuples():
+        producer = names[tensors.at[row.tensor, "producer"]]
+        readers = list(tensors.at[row.tensor, "bwd_consumers"])
+        if row.codec == "binarize":       # a ReLU output only ReLU's own backward reads
+            assert producer == "ReLU" and len(readers) == 1
+            assert vgg.ops.at[readers[0], "fwd_op"] == tensors.at[row.tensor, "producer"]
+        assert row.encoded_bytes <= 0.75 * row.bytes
+    assert set(table["codec"]) == {"binarize", "sparse"}
+    # a ReLU output a convolution reads (its weight gradient needs the values) is not binarized
+    conv_read = [t for t, row in tensors.iterrows() if row["kind"] == "feature_map" and
+                 any(names[k] == "Convolution2DFunction" for k in row["fwd_consumers"])]
+    assert conv_read and not set(conv_read) & set(table[table.codec == "binarize"]["tensor"])
+    assert "fp16" not in set(table["codec"])                      # lossy only on request
+    assert "fp16" in set(encodings.candidates(vgg, "lossy")["codec"])
+    assert encodings.candidates(vgg, "none").empty
+
+
+def test_the_encoded_profile_is_a_valid_profile_that_holds_less(vgg):
+    table = encodings.candidates(vgg, "lossless")
+    encoded = encodings.encoded_profile(vgg, table)     # checked like every profile
+    assert encoded.incore_peak_bytes < vgg.incore_peak_bytes
+    info = encodings.encoded_maps(encoded)
+    assert sorted(info) == sorted(table["tensor"])
+    tensors = encoded.tensors.set_index("tensor")
+    for t, how in info.items():
+        assert tensors.at[t, "kind"] == "intermediate"
+        twin = tensors.loc[how.twin]
+        assert twin["kind"] == "feature_map" and not twin["can_recompute"]
+        assert twin["producer"] == how.encode_after and list(twin["bwd_consumers"]) == [how.decode_at]
+    spent = encoded.ops["duration_s"].sum() - vgg.ops["duration_s"].sum()
+    assert spent == pytest.approx(table["encode_s"].sum() + table["decode_s"].sum())
+    assert encodings.encoded_profile(vgg, table.iloc[:0]) is vgg
+
+
+def test_pooch_with_encodings_is_never_slower_and_sometimes_faster(vgg):
+    pooch = get_policy("pooch").classify
+    faster = 0
+    for fraction in (0.0, 0.2, 0.5):
+        budget = budget_between(vgg, fraction)
+        plain = pooch(vgg, budget, "pcie3")
+        target, plan = encodings.classify(vgg, pooch, "lossless", budget=budget,
+                                          link="pcie3")
+        assert plan.feasible and plan.iteration_time_s <= plain.iteration_time_s
+        assert plan.peak_bytes <= budget
+        faster += plan.iteration_time_s < plain.iteration_time_s * 0.999
+        assert set(plan.encodings) == set(encodings.encoded_maps(target))
+    assert faster
+
+
+# ---------------------------------------------------------------- training
+
+def _run(batches, net=ReluPoolNet, **pooch):
+    return trained(net, batches, dict(profile_iters=2, verbose=False, **pooch))
+
+
+@pytest.mark.parametrize("net, codec", [(ReluPoolNet, "binarize"), (ReluConvNet, "sparse")])
+def test_lossless_encodings_train_bit_identical_and_encode_for_real(net, codec):
+    batches = synthetic_batches(5, 8, (3, 16, 16), 10)
+    _, plain = trained(net, batches)
+    roomy, _ = _run(batches, net, device=CpuDevice())
+    # swap-all over a link so slow that every encoding pays, copies that land late: an
+    # encoded form swapped out and back and decoded only once it is there, or the poisoned
+    # bytes show
+    slow = Link("slow", 5e6, 5e6)
+    result, state = _run(batches, net, device=CpuDevice(copy_delay_s=0.002, poison=True),
+                         policy="swap-all", encodings="lossless", link=slow,
+                         budget=2 * roomy.pooch.profile.incore_peak_bytes)
+    assert states_equal(plain, state)
+    runtime = result.pooch
+    assert codec in set(runtime.plan.encodings.values())
+    planned = runtime.runtime.history[-1]
+    assert planned.encodes == planned.decodes == len(runtime.plan.encodings)
+    assert planned.swap_outs >= len(runtime.plan.encodings)
+    assert planned.peak_bytes <= runtime.budget_bytes
+
+
+def test_pooch_chooses_encodings_where_they_pay_and_stays_bit_identical():
+    batches = synthetic_batches(5, 16, (3, 32, 32), 10)
+    _, plain = trained(ReluPoolNet, batches)
+    roomy, _ = _run(batches, device=CpuDevice())
+    profile = roomy.pooch.profile
+    assert profile.tensors["nonzero"].notna().any()            # measured while profiling
+    assert set(profile.meta["codec_s_per_byte"]) == set(encodings.CODECS)
+    result, state = _run(batches, device=CpuDevice(), encodings="lossless", link="cpu",
+                         budget=minimum_budget(profile))
+    assert states_equal(plain, state)
+    runtime = result.pooch
+    assert runtime.plan.encodings
+    table = runtime.plan.table.set_index("tensor")
+    for t, codec in runtime.plan.encodings.items():      # the fourth class, by map
+        assert table.at[t, "class"] in ("encode", "encode+swap")
+        assert table.at[t, "encoding"] == codec
+    assert all(h.peak_bytes <= runtime.budget_bytes for h in runtime.runtime.history[2:])
+    assert runtime.runtime.history[-1].encodes == len(runtime.plan.encodings)
