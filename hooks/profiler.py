@@ -48,8 +48,9 @@ class Profiler:
     """Stopwatches on ``executor``'s iterations while attached; every measured iteration's
     IterationSample goes into ``samples``."""
 
-    def __init__(self, executor: Executor) -> None:
+    def __init__(self, executor: Executor, encodings: bool = False) -> None:
         self.executor = executor
+        self.encodings = encodings    # measure what encodings need (PoocH(encodings=...))
         self.samples: list[IterationSample] = []   # the most recent measured iterations
         self.last_sample: IterationSample | None = None   # of the iteration that just ended
         self.log = AllocationLog()
@@ -175,7 +176,8 @@ class Profiler:
             if call is not None:
                 self._conv_calls[index] = call
             self._time_rerun(index, function, in_data)
-        self._measure_encodings(index, function)
+        if self.encodings:
+            self._measure_encodings(index, function)
         self._own_s += time.perf_counter() - began
 
     def backward_began(self, index: int, fwd_index: int, out_grad: tuple = ()) -> None:

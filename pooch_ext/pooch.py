@@ -141,7 +141,7 @@ class PoocH(PoochResults):
                                 iteration_done=self._iteration_done,
                                 backward_done=self._backward_done,
                                 link_added=self._link_added)
-        self.profiler = Profiler(self.runtime)
+        self.profiler = Profiler(self.runtime, encodings=self.encodings != "none")
         self.runtime.__enter__()
         _ACTIVE.append(self)
         self._gate.install()
