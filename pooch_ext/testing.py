@@ -51,6 +51,28 @@ class BranchyNet(chainer.Chain):
         return self.fc(h)
 
 
+class ConvNet(chainer.Chain):
+    """Convolutions whose column buffers dwarf their maps, as in VGG's first layers, and
+    Gist's two patterns: ReLU outputs read by a convolution or Linear and (``pool``) one read
+    by max pooling; without ``pool`` every ReLU output is read by a convolution or Linear."""
+
+    def __init__(self, n_classes: int = 5, pool: bool = True) -> None:
+        super().__init__()
+        self.pool = pool
+        with self.init_scope():
+            self.c1 = L.Convolution2D(3, 16, 3, pad=1)
+            self.c2 = L.Convolution2D(16, 16, 3, pad=1)
+            self.c3 = L.Convolution2D(16, 32, 3, pad=1)
+            self.fc = L.Linear(None, n_classes)
+
+    def forward(self, x: Any) -> chainer.Variable:
+        h = F.relu(self.c1(x))
+        h = F.relu(self.c2(h))
+        if self.pool:
+            h = F.max_pooling_2d(h, 2)
+        return self.fc(F.relu(self.c3(h)))
+
+
 class UnrolledLSTM(chainer.Chain):
     """Embedding, an LSTM over the steps of its (batch, steps) int32 input, a classifier on
     the mean of its outputs: many small ops, two outputs per step, a graph that grows with

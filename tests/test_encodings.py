@@ -2,9 +2,6 @@
 planner sees, the search over encoding sets, and bit-identical training with them."""
 from __future__ import annotations
 
-import chainer
-import chainer.functions as F
-import chainer.links as L
 import numpy as np
 import pytest
 
@@ -16,39 +13,12 @@ from pooch_ext.hooks.cpu_device import CpuDevice
 from pooch_ext.links import Link
 from pooch_ext.policies import get_policy
 from pooch_ext.sim.budgets import budget_between, minimum_budget
-from pooch_ext.testing import states_equal, synthetic_batches, trained
+from pooch_ext.testing import ConvNet, states_equal, synthetic_batches, trained
 
 
-class ReluPoolNet(chainer.Chain):
-    """Gist's two patterns: ReLU -> convolution (sparse) and ReLU -> max pooling (binarize)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        with self.init_scope():
-            self.c1 = L.Convolution2D(3, 16, 3, pad=1)
-            self.c2 = L.Convolution2D(16, 16, 3, pad=1)
-            self.c3 = L.Convolution2D(16, 32, 3, pad=1)
-            self.fc = L.Linear(None, 10)
-
-    def forward(self, x):
-        h = F.relu(self.c1(x))
-        h = F.max_pooling_2d(F.relu(self.c2(h)), 2)
-        h = F.max_pooling_2d(F.relu(self.c3(h)), 2)
-        return self.fc(h)
-
-
-class ReluConvNet(chainer.Chain):
-    """ReLU outputs only convolutions read: sparse is the only lossless encoding."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        with self.init_scope():
-            self.c1 = L.Convolution2D(3, 16, 3, pad=1)
-            self.c2 = L.Convolution2D(16, 16, 3, pad=1)
-            self.fc = L.Linear(None, 10)
-
-    def forward(self, x):
-        return self.fc(self.c2(F.relu(self.c2(F.relu(self.c1(x))))))
+def sparse_only() -> ConvNet:
+    """Every ReLU output read by a convolution or Linear: sparse is the only lossless codec."""
+    return ConvNet(pool=False)
 
 
 # ---------------------------------------------------------------- codecs
@@ -143,13 +113,13 @@ def test_pooch_with_encodings_is_never_slower_and_sometimes_faster(vgg):
 
 # ---------------------------------------------------------------- training
 
-def _run(batches, net=ReluPoolNet, **pooch):
+def _run(batches, net=ConvNet, **pooch):
     return trained(net, batches, dict(profile_iters=2, verbose=False, **pooch))
 
 
-@pytest.mark.parametrize("net, codec", [(ReluPoolNet, "binarize"), (ReluConvNet, "sparse")])
+@pytest.mark.parametrize("net, codec", [(ConvNet, "binarize"), (sparse_only, "sparse")])
 def test_lossless_encodings_train_bit_identical_and_encode_for_real(net, codec):
-    batches = synthetic_batches(5, 8, (3, 16, 16), 10)
+    batches = synthetic_batches(5, 8, (3, 16, 16), 5)
     _, plain = trained(net, batches)
     roomy, _ = _run(batches, net, device=CpuDevice())
     # swap-all over a link so slow that every encoding pays, copies that land late: an
@@ -169,8 +139,8 @@ def test_lossless_encodings_train_bit_identical_and_encode_for_real(net, codec):
 
 
 def test_pooch_chooses_encodings_where_they_pay_and_stays_bit_identical():
-    batches = synthetic_batches(5, 16, (3, 32, 32), 10)
-    _, plain = trained(ReluPoolNet, batches)
+    batches = synthetic_batches(5, 16, (3, 32, 32), 5)
+    _, plain = trained(ConvNet, batches)
     roomy, _ = _run(batches, device=CpuDevice(), encodings="lossless")
     profile = roomy.pooch.profile
     assert profile.tensors["nonzero"].notna().any()            # measured while profiling

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import chainer
 import chainer.functions as F
-import chainer.links as L
 import numpy as np
 import pytest
 
@@ -19,7 +18,7 @@ from pooch_ext.profile import Profile
 from pooch_ext.sim.budgets import budget_between, minimum_budget
 from pooch_ext.sim.check import schedule_memory
 from pooch_ext.sim.engine import simulate_plan
-from pooch_ext.testing import (make_optimizer, states_equal, synthetic_batches, train, trained,
+from pooch_ext.testing import (ConvNet, make_optimizer, states_equal, synthetic_batches, train, trained,
                                where_only_splits_fit)
 
 GiB = 1 << 30
@@ -98,23 +97,6 @@ def test_plan_csv_keeps_configurations(small, tmp_path):
     plan = classify(small, budget_between(small, 0.2), "pooch")
     plan.to_csv(tmp_path / "plan.csv")
     assert Plan.read_csv(tmp_path / "plan.csv").configs == plan.configs
-
-
-class ConvNet(chainer.Chain):
-    """Convolutions whose column buffers dwarf their maps, as in VGG's first layers."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        with self.init_scope():
-            self.c1 = L.Convolution2D(3, 16, 3, pad=1)
-            self.c2 = L.Convolution2D(16, 16, 3, pad=1)
-            self.c3 = L.Convolution2D(16, 32, 3, pad=1)
-            self.fc = L.Linear(None, 5)
-
-    def forward(self, x):
-        h = F.relu(self.c1(x))
-        h = F.max_pooling_2d(F.relu(self.c2(h)), 2)
-        return self.fc(F.relu(self.c3(h)))
 
 
 @pytest.fixture(scope="module")
