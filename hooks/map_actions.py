@@ -70,9 +70,9 @@ class MapActions:
         program = self.executor.program
         return program.encoded if program is not None else {}
 
-    def twin_of(self, tensor: int) -> int:
-        """The id of ``tensor``'s encoded form."""
-        return next(t for t, info in self.encoded.items() if info.tensor == tensor)
+    def twin_of(self, tensor: int) -> int | None:
+        """The id of ``tensor``'s encoded form; None if the program does not encode it."""
+        return next((t for t, info in self.encoded.items() if info.tensor == tensor), None)
 
     # ------------------------------------------------------------ references
     def node(self, tensor: int) -> Any:
@@ -272,12 +272,11 @@ class MapActions:
 
     def encode(self, tensor: int) -> None:
         """Store ``tensor`` in its encoded form and drop the graph's references to it."""
-        twin = self.twin_of(tensor)
+        twin = self._twin(tensor, "encode")
         array = self.array_of(tensor)
         if array is None:
             raise ExecutorError(f"encode of tensor {tensor}: no reference holds its array")
         blob = codecs.encode(self.encoded[twin].codec, array)
-        del array
         self.restore(twin, self.slot(twin), blob)
         self.slot(twin).state = "device"
         slot = self.slot(tensor)
@@ -288,7 +287,7 @@ class MapActions:
     def decode(self, tensor: int, keep_encoded: bool = False) -> None:
         """Put ``tensor`` back from its encoded form, which then goes (unless
         ``keep_encoded``: a restore outside the schedule, which drops the map again after)."""
-        twin = self.twin_of(tensor)
+        twin = self._twin(tensor, "decode")
         twin_slot = self.slot(twin)
         if twin_slot.state == "host":
             self.swap_in(twin)
@@ -299,7 +298,6 @@ class MapActions:
         shape, dtype = self.executor.trace.tensors[tensor].shape, \
             self.executor.trace.tensors[tensor].dtype
         array = codecs.decode(self.encoded[twin].codec, blob, shape, dtype)
-        del blob
         slot = self.slot(tensor)
         self.restore(tensor, slot, array)
         slot.state = "device"
@@ -307,6 +305,12 @@ class MapActions:
             self.drop(twin, twin_slot)
             twin_slot.state = "host" if twin_slot.transfer is not None else "freed"
         self.executor.stats.decodes += 1
+
+    def _twin(self, tensor: int, action: str) -> int:
+        twin = self.twin_of(tensor)
+        if twin is None:
+            raise ExecutorError(f"{action} of tensor {tensor}: the program does not encode it")
+        return twin
 
     def landed(self, action: str, tensor: int) -> bool:
         """Whether ``action`` finds the copy it may wait for already landed (nothing to wait)."""

@@ -82,9 +82,9 @@ class OnDemand:
         executor.stats.on_demand += 1
 
     def _still_encoded(self, tensor: int) -> bool:
+        """Whether ``tensor``'s encoded form is still on the device (a restore decoded it)."""
         maps = self.executor.maps
-        twins = [t for t, info in maps.encoded.items() if info.tensor == tensor]
-        return bool(twins) and twins[0] in maps.blobs
+        return maps.twin_of(tensor) in maps.blobs
 
     def restore_for(self, fwd_index: int) -> None:
         """What forward op ``fwd_index``'s backward reads, back on the device if it is not."""

@@ -79,7 +79,7 @@ def scratch_bytes(codec: str, n: int, itemsize: int, nonzero: int) -> tuple[int,
 
 
 def check_setting(setting: str | None) -> str:
-    """'none', 'lossless' (the default of PoocH) or 'lossy' (lossless + fp16 stashes)."""
+    """'none' (None too: PoocH's default), 'lossless' or 'lossy' (lossless + fp16 stashes)."""
     setting = "none" if setting is None else setting
     if setting not in SETTINGS:
         raise PoochError(f"unknown encodings setting {setting!r}; known: {', '.join(SETTINGS)}")
@@ -91,7 +91,7 @@ def check_setting(setting: str | None) -> str:
 def candidates(profile: Profile, setting: str = "lossless") -> pd.DataFrame:
     """One row per feature map that may be encoded, with its smallest allowed codec: tensor,
     codec, bytes, encoded_bytes, encode_s, decode_s, encode_after (its last forward reader),
-    decode_at (its first backward reader)."""
+    decode_at (its first backward reader), encode_scratch, decode_scratch (bytes)."""
     setting = check_setting(setting)
     columns = ["tensor", "codec", "bytes", "encoded_bytes", "encode_s", "decode_s",
                "encode_after", "decode_at", "encode_scratch", "decode_scratch"]
@@ -188,15 +188,23 @@ def encoded_profile(profile: Profile, table: pd.DataFrame) -> Profile:
     m_bytes, m_cat = memory["bytes"].tolist(), memory["category"].tolist()
     before: dict[int, list[tuple]] = {}   # op -> events before its own
     after: dict[int, list[tuple]] = {}    # op -> events after its own
-    replaced: dict[int, tuple] = {}       # row of memory -> its replacement (None: dropped)
+    replaced: dict[int, tuple] = {}       # row of memory -> its replacement
+    free_row = {t: r for r, (t, kind) in enumerate(zip(m_tensor, m_kind))
+                if kind == "free" and t >= 0}
+    readers: dict[int, list[int]] = {}     # tensor -> rows whose recompute chain reads it
+    for r, sources in zip(tensors.index, tensors["recompute_sources"]):
+        for source in sources:
+            readers.setdefault(int(source), []).append(r)
     new_rows = []
+    how: dict[str, dict] = {}             # the profile's meta["encoded"] (encoded_maps)
     for row in table.sort_values("tensor").itertuples():
         t, twin, last_fwd, first_bwd = int(row.tensor), twins[int(row.tensor)], \
             int(row.encode_after), int(row.decode_at)
         i = rows_of[t]
         bwd = list(tensors.at[i, "bwd_consumers"])
-        readers = [r for r in tensors.index if set(tensors.at[r, "recompute_sources"]) & {t}]
-        for r in readers:
+        how[str(t)] = dict(codec=str(row.codec), twin=twin, encode_after=last_fwd,
+                           decode_at=first_bwd, last_use=max(bwd))
+        for r in readers.get(t, ()):
             if tensors.at[r, "can_recompute"]:
                 tensors.at[r, "can_recompute"] = False
                 tensors.at[r, "why_not"] = _why(tensors.at[r, "why_not"],
@@ -207,7 +215,7 @@ def encoded_profile(profile: Profile, table: pd.DataFrame) -> Profile:
             shape=(size,), dtype="uint8", bytes=size, kind="feature_map", fwd_consumers=[],
             bwd_consumers=[first_bwd], swap_out_s=profile.link.swap_out_s(size),
             swap_in_s=profile.link.swap_in_s(size), recompute_ops=[last_fwd],
-            recompute_sources=[s for s in ops.at[last_fwd, "inputs"]],
+            recompute_sources=list(ops.at[last_fwd, "inputs"]),
             recompute_s=float(profile.ops.at[last_fwd, "rerun_s"]), can_keep=True,
             can_swap=bool(tensors.at[i, "can_swap"]), can_recompute=False,
             why_not=WHY_ENCODED, held_until=-1, nonzero=math.nan))
@@ -223,8 +231,7 @@ def encoded_profile(profile: Profile, table: pd.DataFrame) -> Profile:
         duration[last_fwd] += float(row.encode_s)
         duration[first_bwd] += float(row.decode_s)
         nbytes = int(row.bytes)
-        free_row = next(r for r in range(len(m_op)) if m_tensor[r] == t and m_kind[r] == "free")
-        replaced[free_row] = (m_op[free_row], "free", nbytes, -1, "activation")
+        replaced[free_row[t]] = (m_op[free_row[t]], "free", nbytes, -1, "activation")
         # the map itself goes when nothing holds it any more (a Variable of the caller's
         # code may hold it a little longer: the profile's held_until)
         gone = max(last_fwd, int(tensors.at[i, "held_until"]))
@@ -251,14 +258,8 @@ def encoded_profile(profile: Profile, table: pd.DataFrame) -> Profile:
         events.extend(after.get(k, ()))
     memory = pd.DataFrame(events, columns=["op", "kind", "bytes", "tensor", "category"])
     memory.insert(0, "seq", range(len(memory)))
-    meta = dict(profile.meta, encoded={
-        str(int(row.tensor)): dict(codec=str(row.codec), twin=twins[int(row.tensor)],
-                                   encode_after=int(row.encode_after),
-                                   decode_at=int(row.decode_at),
-                                   last_use=int(max(profile.tensors.at[rows_of[int(row.tensor)],
-                                                                       "bwd_consumers"])))
-        for row in table.itertuples()})
-    return dataclasses.replace(profile, ops=ops, tensors=tensors, memory=memory, meta=meta)
+    return dataclasses.replace(profile, ops=ops, tensors=tensors, memory=memory,
+                               meta=dict(profile.meta, encoded=how))
 
 
 def _scratch(op: int, nbytes: int) -> list[tuple]:
@@ -269,18 +270,6 @@ def _scratch(op: int, nbytes: int) -> list[tuple]:
 
 def _why(old: str, new: str) -> str:
     return f"{old}; {new}" if old else new
-
-
-def table_for(profile: Profile, encodings: dict[int, str]) -> pd.DataFrame:
-    """The ``candidates`` rows of the maps ``encodings`` names, each with its codec (a plan's
-    encodings back into the table ``encoded_profile`` reads)."""
-    table = candidates(profile, "lossy" if set(encodings.values()) & set(LOSSY) else "lossless")
-    table = table[table["tensor"].isin(list(encodings))]
-    missing = set(encodings) - set(table["tensor"])
-    if missing or any(encodings[int(t)] != c for t, c in zip(table["tensor"], table["codec"])):
-        raise PoochError(f"the profile does not allow encoding {sorted(encodings)} as "
-                         f"{encodings} (maps {sorted(missing)} cannot be encoded)")
-    return table.reset_index(drop=True)
 
 
 # ---------------------------------------------------------------- the four-class search
