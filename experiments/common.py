@@ -124,6 +124,12 @@ def parser(doc: str, out: Path) -> argparse.ArgumentParser:
     return ap
 
 
+def case(text: str) -> tuple[str, int]:
+    """argparse type: 'model:batch' -> (model, batch)."""
+    model, _, batch = text.partition(":")
+    return model, ints(batch)[0]
+
+
 def ints(text: str) -> list[int]:
     """'64,128,256' or '64:641:64' (start:stop:step) -> list of ints."""
     try:

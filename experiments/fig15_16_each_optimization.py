@@ -35,12 +35,6 @@ LABELS = {"swap-all-nosched": "swap-all (w/o sched.)", "swap-all": "swap-all",
           "pooch": "PoocH (+ refinement)"}
 
 
-def case(text: str) -> tuple[str, int]:
-    """argparse type: 'model:batch' -> (model, batch)."""
-    model, _, batch = text.partition(":")
-    return model, common.ints(batch)[0]
-
-
 def measure(cases: list[tuple[str, int]], links: list[str],
             budget: str | int | None = None) -> pd.DataFrame:
     """Every method on every (network, link), with its speed-up over swap-all w/o scheduling
@@ -96,7 +90,7 @@ def plot(table: pd.DataFrame, path: Path) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     ap = common.parser(__doc__, OUT)
-    ap.add_argument("--cases", nargs="+", type=case, default=[case(c) for c in CASES],
+    ap.add_argument("--cases", nargs="+", type=common.case, default=[common.case(c) for c in CASES],
                     help="model:batch pairs (default %(default)s)")
     ap.add_argument("--links", nargs="+", type=common.link_name, default=list(common.PAPER_LINKS))
     args = ap.parse_args(argv)

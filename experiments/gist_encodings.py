@@ -13,7 +13,8 @@ Assumption, stated because the sparse figures follow it: analytic profiles take 
 ReLU output's elements to be nonzero (the least sparse Gist reports; measured profiles count
 them). Decoded maps are full-size float arrays (cuDNN's ReLU backward reads the map itself).
 
-    .venv/bin/python experiments/gist_encodings.py [--out-dir ...]
+    .venv/bin/python experiments/gist_encodings.py [--networks vgg16:256 ...]
+        [--pooch resnet50:512 ...] [--out-dir ...]
 """
 from __future__ import annotations
 
@@ -36,9 +37,9 @@ FRACTIONS = (0.0, 0.25, 0.5)
 GiB = 2 ** 30
 
 
-def reduction_rows() -> list[dict]:
+def reduction_rows(networks: list[tuple[str, int]]) -> list[dict]:
     rows = []
-    for model, batch in tqdm(NETWORKS, desc="footprints", leave=False):
+    for model, batch in tqdm(networks, desc="footprints", leave=False):
         p = common.profile(model, batch)
         for name, setting in SETTINGS.items():
             table = encodings.candidates(p, setting)
@@ -59,24 +60,32 @@ def least_budget(p, setting: str) -> tuple[int, int]:
     return minimum_budget(p), min(minimum_budget(encodings.encoded_profile(p, s)) for s in sets)
 
 
-def pooch_rows() -> list[dict]:
+def _given(plain_profile, plain_plan, classify):
+    """``classify`` that hands back ``plain_plan`` for the unencoded profile (already made)."""
+    def classify_one(target, **kwargs):
+        return plain_plan if target is plain_profile else classify(target, **kwargs)
+    return classify_one
+
+
+def pooch_rows(networks: list[tuple[str, int]], budget: str | None = None) -> list[dict]:
     rows = []
     pooch = get_policy("pooch").classify
-    jobs = [(m, b, link) for m, b in POOCH_NETWORKS for link in common.PAPER_LINKS]
+    jobs = [(m, b, link) for m, b in networks for link in common.PAPER_LINKS]
     for model, batch, link in tqdm(jobs, desc="pooch", leave=False):
         p = common.profile(model, batch)
         floor, floor_encoded = least_budget(p, "lossless")
-        budgets = {"16GB": p.device.capacity_bytes}
+        budgets = {budget or "16GB": common.budget_bytes(p, budget)}
         for f in FRACTIONS:
             budgets[f"{f:g} of the way"] = int(floor + f * (p.incore_peak_bytes - floor))
-        for where, budget in budgets.items():
-            if budget >= p.incore_peak_bytes:
+        for where, nbytes in budgets.items():
+            if nbytes >= p.incore_peak_bytes:
                 continue
-            plain = pooch(p, budget, link)
-            _, plan = encodings.classify(p, pooch, "lossless", budget=budget, link=link)
+            plain = pooch(p, nbytes, link)
+            _, plan = encodings.classify(p, _given(p, plain, pooch), "lossless",
+                                         budget=nbytes, link=link)
             for setting, chosen, least in (("none", plain, floor), ("lossless", plan, floor_encoded)):
                 rows.append(dict(network=model, batch=batch, link=link, budget=where,
-                                 budget_bytes=budget, encodings=setting,
+                                 budget_bytes=nbytes, encodings=setting,
                                  minimum_bytes=least, feasible=bool(chosen.feasible),
                                  iteration_time_s=chosen.iteration_time_s,
                                  images_per_s=batch / chosen.iteration_time_s,
@@ -98,13 +107,18 @@ def plot(reduction: pd.DataFrame, path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = common.parser(__doc__, OUT).parse_args(argv)
+    ap = common.parser(__doc__, OUT)
+    ap.add_argument("--networks", nargs="+", type=common.case, default=list(NETWORKS),
+                    help="model:batch for the footprints (default %(default)s)")
+    ap.add_argument("--pooch", nargs="+", type=common.case, default=list(POOCH_NETWORKS),
+                    help="model:batch for PoocH with and without (default %(default)s)")
+    args = ap.parse_args(argv)
     out = args.out_dir
     out.mkdir(parents=True, exist_ok=True)
-    reduction = pd.DataFrame(reduction_rows())
+    reduction = pd.DataFrame(reduction_rows(args.networks))
     reduction.to_csv(out / "reduction.csv", index=False)
     plot(reduction, out / "reduction.png")
-    table = pd.DataFrame(pooch_rows())
+    table = pd.DataFrame(pooch_rows(args.pooch, args.budget))
     table.to_csv(out / "pooch.csv", index=False)
     print(reduction[["network", "batch", "setting", "reduction", "encoded_maps"]].to_string(index=False))
     wide = table.pivot_table(index=["network", "link", "budget"], columns="encodings",

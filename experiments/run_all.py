@@ -33,6 +33,7 @@ EXPERIMENTS = {
     "beyond": ("beyond_paper", "beyond"),
     "splits": ("split_convolutions", "splits"),
     "data_parallel": ("data_parallel_scaling", "data_parallel"),
+    "gist": ("gist_encodings", "gist"),
 }
 
 

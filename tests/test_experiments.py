@@ -309,3 +309,23 @@ def test_data_parallel_scaling(tmp_path):
     assert five.loc["pcie3", "per_gpu_gb_s"] == 6 and (five.allreduce_s > 0).all()
     assert (five.speedup < 5).all() and (five.speedup > 4).all()
     assert (table.end_of_backward_bytes < 16 * 2 ** 30).all()
+
+
+def test_gist_encodings(tmp_path):
+    import gist_encodings as gist
+
+    assert gist.main(["--out-dir", str(tmp_path), "--networks", "small-resnet:32",
+                      "--pooch", "small-resnet:32"]) == 0
+    outputs = check_outputs(tmp_path, ["reduction.csv", "pooch.csv"], ["reduction.png"])
+    reduction = outputs["reduction.csv"].set_index("setting")
+    assert list(reduction.index) == ["lossless", "lossless+dpr"]
+    assert (reduction.reduction > 1).all()
+    assert reduction.reduction["lossless+dpr"] >= reduction.reduction["lossless"]
+    assert (reduction.reduction == (reduction.incore_bytes / reduction.encoded_bytes).round(3)).all()
+    table = outputs["pooch.csv"]
+    assert table.feasible.all() and len(table) == 2 * 2 * 3   # links x budgets x with/without
+    wide = table.pivot_table(index=["link", "budget"], columns="encodings",
+                             values=["images_per_s", "minimum_bytes"])
+    # never slower, never a larger smallest budget, with encodings
+    assert (wide["images_per_s"]["lossless"] >= wide["images_per_s"]["none"]).all()
+    assert (wide["minimum_bytes"]["lossless"] <= wide["minimum_bytes"]["none"]).all()
