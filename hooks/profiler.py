@@ -22,7 +22,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from pooch_ext.encodings import CODECS
 from pooch_ext.functions import RECOMPUTABLE
 from pooch_ext.hooks import codecs
 from pooch_ext.hooks.allocator import AllocationLog, cupy_memory_hook, scratch_bytes
@@ -48,9 +47,9 @@ class Profiler:
     """Stopwatches on ``executor``'s iterations while attached; every measured iteration's
     IterationSample goes into ``samples``."""
 
-    def __init__(self, executor: Executor, encodings: bool = False) -> None:
+    def __init__(self, executor: Executor, encodings: tuple[str, ...] = ()) -> None:
         self.executor = executor
-        self.encodings = encodings    # measure what encodings need (PoocH(encodings=...))
+        self.encodings = encodings    # the codecs the plan may use: what to measure for them
         self.samples: list[IterationSample] = []   # the most recent measured iterations
         self.last_sample: IterationSample | None = None   # of the iteration that just ended
         self.log = AllocationLog()
@@ -267,7 +266,7 @@ class Profiler:
                     self._nonzero[t] = float(codecs.nonzero_bits(array).sum()) / array.size
                     if relu and self._codecs_timed < CODEC_TIMINGS:
                         self._codecs_timed += 1
-                        for codec in CODECS:
+                        for codec in self.encodings:
                             self._codec_s.setdefault(codec, []).append(
                                 codecs.timed_round_trip(codec, array, device.synchronize))
         finally:

@@ -78,6 +78,11 @@ def scratch_bytes(codec: str, n: int, itemsize: int, nonzero: int) -> tuple[int,
     return encode, 2 * int(n)
 
 
+def codecs_of(setting: str) -> tuple[str, ...]:
+    """The codecs a setting allows."""
+    return {"none": (), "lossless": LOSSLESS, "lossy": CODECS}[check_setting(setting)]
+
+
 def check_setting(setting: str | None) -> str:
     """'none' (None too: PoocH's default), 'lossless' or 'lossy' (lossless + fp16 stashes)."""
     setting = "none" if setting is None else setting

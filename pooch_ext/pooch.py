@@ -49,7 +49,7 @@ from pooch_ext.errors import (BudgetTooSmallError, PolicyDoesNotFitError, PoochE
 from pooch_ext.hooks.chainer_refs import check_chainer
 from pooch_ext.hooks.device import UNLIMITED, device_for
 from pooch_ext.hooks.model_state import ModelSnapshot, resident_bytes
-from pooch_ext.encodings import check_setting
+from pooch_ext.encodings import check_setting, codecs_of
 from pooch_ext.encodings import classify as choose_encodings
 from pooch_ext.hooks.program import ExecutorError, Program, compile_program
 from pooch_ext.trace import GraphTrace
@@ -141,7 +141,7 @@ class PoocH(PoochResults):
                                 iteration_done=self._iteration_done,
                                 backward_done=self._backward_done,
                                 link_added=self._link_added)
-        self.profiler = Profiler(self.runtime, encodings=self.encodings != "none")
+        self.profiler = Profiler(self.runtime, codecs_of(self.encodings))
         self.runtime.__enter__()
         _ACTIVE.append(self)
         self._gate.install()

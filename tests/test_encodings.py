@@ -144,7 +144,7 @@ def test_pooch_chooses_encodings_where_they_pay_and_stays_bit_identical():
     roomy, _ = _run(batches, device=CpuDevice(), encodings="lossless")
     profile = roomy.pooch.profile
     assert profile.tensors["nonzero"].notna().any()            # measured while profiling
-    assert set(profile.meta["codec_s_per_byte"]) == set(encodings.CODECS)
+    assert set(profile.meta["codec_s_per_byte"]) == set(encodings.LOSSLESS)   # fp16: not asked
     result, state = _run(batches, device=CpuDevice(), encodings="lossless", link="cpu",
                          budget=minimum_budget(profile))
     assert states_equal(plain, state)
