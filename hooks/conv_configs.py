@@ -31,7 +31,6 @@ from chainer.functions.connection.convolution_2d import (Convolution2DFunction,
 from chainer.functions.connection.convolution_nd import ConvolutionND, ConvolutionNDGradW
 from chainer.functions.connection.deconvolution_2d import Deconvolution2DFunction
 from chainer.functions.connection.deconvolution_nd import DeconvolutionND
-from chainer.utils.conv import get_conv_outsize
 
 from pooch_ext.analytic.costmodel import column_bytes
 from pooch_ext.analytic.splits import most_pieces, piece_counts
@@ -67,7 +66,7 @@ def conv_call(function: Any, in_data: tuple) -> ConvCall | None:
         return None
     x, W = in_data[0], in_data[1]
     nd = type(function) is ConvolutionND
-    y_shape = (x.shape[0], W.shape[0]) + _out_size(function, x.shape, W.shape) if nd else None
+    y_shape = (x.shape[0], W.shape[0]) + split_conv_nd.out_size(function, x.shape, W.shape) if nd else None
     if (most_pieces(nd, x.shape, y_shape, W.shape, function.groups)[0] if nd
             else x.shape[0]) < 2:
         return None
@@ -82,14 +81,6 @@ def conv_call(function: Any, in_data: tuple) -> ConvCall | None:
     return ConvCall((function.sy, function.sx), (function.ph, function.pw),
                     (function.dy, function.dx), bool(function.cover_all), layout(x), layout(W),
                     layout(b), bool(wants_gx))
-
-
-def _out_size(function: Any, x_shape: tuple, w_shape: tuple) -> tuple:
-    """Output size of a convolution node or ConvCall (``stride``, ``pad``, ``dilate``,
-    ``cover_all``, one per spatial dimension) on inputs of ``x_shape``."""
-    return tuple(get_conv_outsize(size, k, s, p, cover_all=function.cover_all, d=d)
-                 for size, k, s, p, d in zip(x_shape[2:], w_shape[2:], function.stride,
-                                             function.pad, function.dilate))
 
 
 def with_gradient(call: ConvCall, gy: Any) -> ConvCall:
@@ -191,9 +182,9 @@ def _nodes_nd(call: ConvCall, x_shape: tuple, W: Any) -> tuple:
                              dilate=call.dilate, groups=call.groups)
     deconv.cover_all = False         # as its forward finds it for a convolution without
     weight = SimpleNamespace(shape=W.shape, dtype=W.dtype)
+    conv = new_conv()
     grad_w = ConvolutionNDGradW(SimpleNamespace(inputs=(None, weight), **{
-        a: getattr(new_conv(), a) for a in ("ndim", "stride", "pad", "cover_all", "dilate",
-                                             "groups")}))
+        a: getattr(conv, a) for a in ("ndim", "stride", "pad", "cover_all", "dilate", "groups")}))
     return new_conv, deconv, grad_w, (split_conv_nd._forward_pieces,
                                       split_conv_nd._input_gradient_pieces,
                                       split_conv_nd._weight_gradient_pieces)
@@ -213,7 +204,7 @@ def first_iteration_pieces(call: ConvCall, budget: int) -> tuple[int, int] | Non
     since a check inside the op would distort what the profile measures."""
     x, w = call.x[0], call.W[0]
     itemsize = numpy.dtype(call.x[2]).itemsize
-    y = (x[0], w[0]) + _out_size(call, x, w)
+    y = (x[0], w[0]) + split_conv_nd.out_size(call, x, w)
     need = -(-2 * column_bytes(x, y, w, itemsize) // max(1, budget // FIRST_SHARE))
     if need <= 1:
         return None

@@ -41,7 +41,7 @@ from chainer.utils import conv
 
 from pooch_ext.analytic.splits import nested_pieces
 from pooch_ext.hooks.chainer_refs import WeaklyBound, set_compute_core
-from pooch_ext.hooks.split_conv_nd import not_splittable_nd, split_nd
+from pooch_ext.hooks import split_conv_nd
 from pooch_ext.hooks.split_exact import piece_bounds, piece_part, split_backward
 
 
@@ -63,7 +63,8 @@ def not_splittable(function: Any) -> str:
     """Why ``function`` cannot run split; "" when it can (a Convolution2DFunction here, a
     ConvolutionND in hooks/split_conv_nd.py)."""
     if type(function) is ConvolutionND:
-        return not_splittable_nd(function)
+        return "cover_all convolutions have outputs no piece reproduces" \
+            if function.cover_all else ""
     if type(function) is not Convolution2DFunction:
         return f"{type(function).__name__} is not a Convolution2DFunction or ConvolutionND"
     if function.groups != 1:
@@ -81,13 +82,12 @@ def split(function: Any, config: ConvSplit, checked: bool | str = True) -> None:
     if reason:
         raise ValueError(f"cannot split: {reason}")
     function._pooch_split = (config, checked)
-    if type(function) is ConvolutionND:
-        split_nd(function, config)
-        return
+    forward, backward = split_conv_nd.PARTS if type(function) is ConvolutionND \
+        else (_forward, _backward)
     if config.forward > 1:
-        set_compute_core(function, _forward)
+        set_compute_core(function, forward)
     if config.input_grad > 1 or config.weight_grad > 1:
-        function.backward = WeaklyBound(_backward, function)
+        function.backward = WeaklyBound(backward, function)
 
 
 def _backward(self: Any, indexes: tuple, grad_outputs: tuple) -> list:

@@ -26,33 +26,15 @@ import numpy
 import pooch_ext  # noqa: F401  (chainer import compat)
 import chainer
 from chainer import backend
-from chainer.functions.connection.convolution_nd import ConvolutionND, ConvolutionNDGradW
+from chainer.functions.connection.convolution_nd import ConvolutionNDGradW
 from chainer.functions.connection.deconvolution_nd import DeconvolutionND
 
 from pooch_ext.analytic.splits import nd_loops, nested_pieces
-from pooch_ext.hooks.chainer_refs import WeaklyBound, original_compute_core, set_compute_core
+from pooch_ext.hooks.chainer_refs import original_compute_core
 from pooch_ext.hooks.split_exact import piece_bounds, piece_part, split_backward
 
 _CORE_ATTRS = ("ndim", "stride", "pad", "cover_all", "dilate", "groups", "outs", "ksize",
                "W_dtype")
-
-
-def not_splittable_nd(function: Any) -> str:
-    """Why the N-D ``function`` cannot run split; "" when it can."""
-    if type(function) is not ConvolutionND:
-        return f"{type(function).__name__} is not a ConvolutionND"
-    if function.cover_all:
-        return "cover_all convolutions have outputs no piece reproduces"
-    return ""
-
-
-def split_nd(function: Any, config: Any) -> None:
-    """Install ``config`` (split_conv.ConvSplit; ``function._pooch_split`` set by the caller)
-    on a ConvolutionND not yet applied."""
-    if config.forward > 1:
-        set_compute_core(function, _forward)
-    if config.input_grad > 1 or config.weight_grad > 1:
-        function.backward = WeaklyBound(_backward, function)
 
 
 def _sub(node: Any, **changes: Any) -> Any:
@@ -87,14 +69,22 @@ def _no_pad_in_rows(node: Any) -> tuple:
     return (0,) + tuple(node.pad[1:])
 
 
+def out_size(function: Any, x_shape: tuple, w_shape: tuple) -> tuple:
+    """Output size of a convolution node or ConvCall (``stride``, ``pad``, ``dilate``,
+    ``cover_all``, one per spatial dimension) on inputs of ``x_shape``."""
+    return tuple(chainer.utils.conv.get_conv_outsize(size, k, s, p, cover_all=function.cover_all,
+                                                     d=d)
+                 for size, k, s, p, d in zip(x_shape[2:], w_shape[2:], function.stride,
+                                             function.pad, function.dilate))
+
+
 # ------------------------------------------------------------------ the parts, in pieces
 def _forward_pieces(self: Any, x: Any, W: Any, b: Any, pieces: int) -> tuple:
     """ConvolutionND's core over batch slices, then output-row slices (``_rows`` inputs)."""
     xp = backend.get_array_module(x)
     n, c_out, dims = x.shape[0], W.shape[0], self.ndim
     k0, s0, p0, d0 = W.shape[2], self.stride[0], self.pad[0], self.dilate[0]
-    outs = tuple(chainer.utils.conv.get_conv_outsize(size, k, s, p, d=di) for size, k, s, p, di
-                 in zip(x.shape[2:], W.shape[2:], self.stride, self.pad, self.dilate))
+    outs = out_size(self, x.shape, W.shape)
     # the whole core's layout: (N, out..., C) rolled when ungrouped, (C, N, out...) grouped
     if self.groups > 1:
         y = xp.rollaxis(xp.empty((c_out, n) + outs, dtype=x.dtype), 1)
@@ -198,3 +188,7 @@ def _weight_gradient_pieces(self: Any, x: Any, gy: Any, pieces: int) -> tuple:
 _forward = piece_part(_forward_pieces, "forward")
 _input_gradient = piece_part(_input_gradient_pieces, "input_grad")
 _weight_gradient = piece_part(_weight_gradient_pieces, "weight_grad")
+
+
+# what split_conv.split installs on a ConvolutionND: its forward core and its backward
+PARTS = (_forward, _backward)

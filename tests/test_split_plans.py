@@ -18,7 +18,7 @@ from pooch_ext.profile import Profile
 from pooch_ext.sim.budgets import budget_between, minimum_budget
 from pooch_ext.sim.check import schedule_memory
 from pooch_ext.sim.engine import simulate_plan
-from pooch_ext.testing import (ConvNet, make_optimizer, states_equal, synthetic_batches, train, trained,
+from pooch_ext.testing import (ConvNet, states_equal, synthetic_batches, trained,
                                where_only_splits_fit)
 
 GiB = 1 << 30
@@ -268,12 +268,9 @@ def test_a_first_iteration_run_split_is_profiled_as_the_whole_ops_it_stands_for(
     def profiled(first_split):
         if not first_split:
             monkeypatch.setattr(pooch_module, "first_iteration_pieces", lambda call, b: None)
-        np.random.seed(0)
-        model = ConvNet()
-        optimizer = make_optimizer(model, "momentum")
-        result = train(model, optimizer, synthetic_batches(1, 16, (3, 32, 32), 5),
-                       dict(profile_iters=1, device=CpuDevice(), verbose=False,
-                            budget=64 << 20))
+        result, _ = trained(ConvNet, synthetic_batches(1, 16, (3, 32, 32), 5),
+                            dict(profile_iters=1, device=CpuDevice(), verbose=False,
+                                 budget=64 << 20))
         monkeypatch.undo()
         return result.pooch
     split_run, whole_run = profiled(True), profiled(False)
