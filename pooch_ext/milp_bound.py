@@ -34,9 +34,10 @@ from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import coo_matrix
 
 from pooch_ext.errors import BudgetTooSmallError
+from pooch_ext.policies.search import KeepRoom
 from pooch_ext.sim.budgets import fits, model_minimum
 from pooch_ext.sim.engine import run
-from pooch_ext.sim.model import KEEP, RECOMPUTE, SWAP, SimModel, lifetimes, static_top
+from pooch_ext.sim.model import KEEP, RECOMPUTE, SWAP, SimModel
 from pooch_ext.units import parse_bytes
 
 
@@ -131,12 +132,12 @@ def _time_rows(model: SimModel) -> Rows:
 def _memory_rows(model: SimModel, budget: int) -> tuple[Rows, np.ndarray]:
     """Per boundary: each kept map's hole, and the room the tightest level with no map kept
     leaves under ``budget``."""
-    _, top = static_top(model, lifetimes(model, np.full(model.m, SWAP)), minimal=True)
+    room = KeepRoom(model, np.full(model.m, SWAP), budget)   # the keep walk's holes
     memory: list[dict[int, float]] = [{} for _ in range(model.n + 1)]
     for i in range(model.m):
-        for b in range(int(model.last_fwd[i]) + 1, int(model.bwd_first[i])):
+        for b in range(int(room.lo[i]), int(room.hi[i])):
             memory[b][i] = float(model.nbytes[i])
-    return [(cols, 0.0) for cols in memory], budget - top.astype(float)
+    return [(cols, 0.0) for cols in memory], budget - room.top.astype(float)
 
 
 def _sparse(rows: Rows, width: int) -> coo_matrix:
