@@ -131,16 +131,17 @@ def conv_configs(op: OpShapes, cost: OpCost, gpu: GPU) -> tuple[list[Config], li
     y_b, w_b = math.prod(y) * s, math.prod(w) * s
     x_b = math.prod(x) * s
     wants_gx = 0 in op.differentiable
+    most_forward, most_backward = most_pieces(False, x, y, w)
     forward = []
-    for pieces in piece_counts(batch):
-        share = math.ceil(batch / pieces) / batch           # the largest piece's share
+    for pieces in piece_counts(most_forward):
+        share = _share(batch, pieces)                      # the largest piece's share
         copies = 2 if math.ceil(batch / pieces) > 1 else 1
         forward.append((pieces, int(col * share * copies + y_b * share),
                         piece_time(gpu, cost.fwd_flops, cost.fwd_bytes, pieces, 2, w_b)))
     backward = []
     c_out = int(y[1])
-    for pieces in piece_counts(max(batch, c_in * c_out)):
-        share = math.ceil(batch / min(pieces, batch)) / batch
+    for pieces in piece_counts(most_backward):
+        share = _share(batch, min(pieces, batch))
         in_pieces, out_pieces = nested_pieces(pieces, c_in, c_out)
         grad_w = int(col * math.ceil(c_in / in_pieces) / c_in * 2
                      + y_b * math.ceil(c_out / out_pieces) / c_out)
@@ -183,13 +184,13 @@ def _nd_configs(op: OpShapes, cost: OpCost, gpu: GPU) -> tuple[list[Config], lis
         forward.append((pieces, int(col * share * copies + y_b * share),
                         piece_time(gpu, cost.fwd_flops, cost.fwd_bytes, b * r, 2, w_b)))
     backward, seen_b = [], {((1, 1), (1, 1, 1))}
+    gy_copy = y_b if batch > 1 else 0
     for pieces in piece_counts(most_backward):
         bx, ux = nested_pieces(pieces, *loops["input_grad"]) if wants_gx else (1, 1)
         uw, kw, ow = nested_pieces(pieces, *loops["weight_grad"])
         if ((bx, ux), (uw, kw, ow)) in seen_b:
             continue
         seen_b.add(((bx, ux), (uw, kw, ow)))
-        gy_copy = y_b if batch > 1 else 0
         share_x = _share(batch, bx) * _share(units, ux)
         grad_x = int((col + x_b) * share_x + gy_copy * _share(batch, bx)) if wants_gx else 0
         share_w = _share(units, uw) * _share(k0, kw)
