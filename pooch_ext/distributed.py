@@ -101,11 +101,14 @@ def _with_transients(memory: pd.DataFrame, transient: pd.Series) -> pd.DataFrame
     for event in events:
         by_op.setdefault(int(event["op"]), []).append(event)
     for op in range(len(transient)):
-        group = [e for e in by_op.get(op, []) if e["category"] != "transient"]
+        mine = by_op.get(op, [])
+        group = [e for e in mine if e["category"] != "transient"]
         nbytes = int(transient.iloc[op])
         if nbytes > 0:
-            had = [k for k, e in enumerate(by_op.get(op, [])) if e["category"] == "transient"]
-            at = min(had[0] if had else _after_last_malloc(group), len(group))
+            # the old pair's place (only other events come before it), else after the op's
+            # last allocation
+            at = next((k for k, e in enumerate(mine) if e["category"] == "transient"), None)
+            at = _after_last_malloc(group) if at is None else at
             pair = [dict(op=op, kind=kind, bytes=nbytes, tensor=-1, category="transient")
                     for kind in ("malloc", "free")]
             group = group[:at] + pair + group[at:]
@@ -137,10 +140,6 @@ class Ranks:
     @property
     def rank(self) -> int:
         return int(self.comm.rank)
-
-    @property
-    def size(self) -> int:
-        return int(self.comm.size)
 
     def agree(self, profile: Profile, decide: Callable[[Profile], T], settings: dict
               ) -> tuple[Profile, T]:
