@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     from tqdm import tqdm
 
-    from pooch_ext.testing import model_state, states_equal, train_side_by_side
+    from pooch_ext.testing import side_by_side_figures, train_side_by_side
     from pooch_ext.measure import cuda_available, setup_model
     from pooch_ext.models import default_input_size, default_n_classes
 
@@ -138,11 +138,11 @@ def main(argv: list[str] | None = None) -> int:
                                               progress=bar, sync=sync)
     if pooch_run.error is not None:
         raise pooch_run.error
-    identical = (plain.losses == pooch_run.losses
-                 and states_equal(model_state(*plain_pair), model_state(*pooch_pair)))
-    summary = _write_results(args, gpu, where, need, plain, pooch_run, identical)
+    figures = side_by_side_figures(plain, pooch_run, plain_pair, pooch_pair,
+                                   args.profile_iters)
+    summary = _write_results(args, gpu, where, need, plain, pooch_run, figures)
     _print_summary(args.out, summary, pooch_run.pooch.plan)
-    return 0 if identical else 1
+    return 0 if figures["identical"] else 1
 
 
 def _choose_budget(args: argparse.Namespace, gpu: bool, where: str) -> dict:
@@ -170,7 +170,7 @@ def _choose_budget(args: argparse.Namespace, gpu: bool, where: str) -> dict:
 
 
 def _write_results(args: argparse.Namespace, gpu: bool, where: str, need: dict, plain: Any,
-                   pooch_run: Any, identical: bool) -> dict:
+                   pooch_run: Any, figures: dict) -> dict:
     """results/demo/: profile, plan, iterations, allocations, losses, the two figures and
     summary.json; returns the summary."""
     import pandas as pd
@@ -187,18 +187,16 @@ def _write_results(args: argparse.Namespace, gpu: bool, where: str, need: dict, 
                  f"{args.model}, batch {args.batch}: PoocH at {need['budget_fraction']:.0%} of "
                  f"the in-core memory ({'GPU' if gpu else 'CPU device'})")
     timeline = _plot_timeline(args.out / "timeline.png", pooch)
-    executed = pooch.iterations.iloc[args.profile_iters:]
-    plain_s = float(np.median(plain.seconds[args.profile_iters:]))
-    pooch_s = float(np.median(pooch_run.seconds[args.profile_iters + 1:]))
+    plain_s, pooch_s = figures["plain_s"], figures["pooch_s"]
     summary = {
         "model": args.model, "batch": args.batch, "iterations": args.iters, "device": where,
         **need,
         "policy": pooch.plan.policy, "counts": pooch.plan.counts,
         "predicted_iteration_s": pooch.plan.iteration_time_s,
         "predicted_peak_bytes": int(pooch.plan.peak_bytes),
-        "measured_peak_bytes": int(executed.peak_bytes.max()),
+        "measured_peak_bytes": figures["peak"],
         "plain_iteration_s": plain_s, "pooch_iteration_s": pooch_s,
-        "slowdown": pooch_s / plain_s, "bit_identical": identical,
+        "slowdown": pooch_s / plain_s, "bit_identical": figures["identical"],
         "decision": pooch.decision(), "timeline_png": timeline,
     }
     (args.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")

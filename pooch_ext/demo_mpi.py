@@ -68,14 +68,12 @@ def main(argv: list[str] | None = None) -> int:
     """Run the example (see the module docstring); 0 when every rank trained identically."""
     args = _parse(argv)
     import chainermn
-    import numpy as np
     from tqdm import tqdm
 
     from pooch_ext.hooks.cpu_device import CpuDevice
     from pooch_ext.measure import setup_model
     from pooch_ext.models import default_input_size, default_n_classes
-    from pooch_ext.testing import (model_state, states_equal, synthetic_batches,
-                                   train_side_by_side)
+    from pooch_ext.testing import side_by_side_figures, synthetic_batches, train_side_by_side
 
     comm = communicator()
     shape, classes = default_input_size(args.model), default_n_classes(args.model)
@@ -106,12 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     if run.error is not None:
         raise run.error
     pooch = run.pooch
-    executed = pooch.iterations.iloc[args.profile_iters:]
-    mine = dict(identical=bool(plain.losses == run.losses and states_equal(
-                    model_state(*plain_pair), model_state(*pooch_pair))),
-                classes=pooch.plan.classes, peak=int(executed.peak_bytes.max()),
-                plain_s=float(np.median(plain.seconds[args.profile_iters:])),
-                pooch_s=float(np.median(run.seconds[args.profile_iters + 1:])))
+    mine = dict(side_by_side_figures(plain, run, plain_pair, pooch_pair, args.profile_iters),
+                classes=pooch.plan.classes)
     ranks = comm.gather_obj(mine)
     ok = comm.bcast_obj(all(r["identical"] for r in ranks) if comm.rank == 0 else None)
     if comm.rank == 0:

@@ -250,6 +250,20 @@ def train_side_by_side(plain: tuple, under: tuple, batches: list, pooch: dict,
     return plain_result, pooch_result
 
 
+def side_by_side_figures(plain: TrainResult, under: TrainResult, plain_pair: tuple,
+                         under_pair: tuple, profile_iters: int) -> dict:
+    """What a ``train_side_by_side`` run shows: whether PoocH was bit-identical (losses and
+    final model and optimizer state), the planned iterations' measured peak, and the median
+    iteration seconds of plain Chainer after the profiled iterations and of PoocH after its
+    first planned one (which still settles)."""
+    executed = under.pooch.iterations.iloc[profile_iters:]
+    return dict(identical=bool(plain.losses == under.losses and states_equal(
+                    model_state(*plain_pair), model_state(*under_pair))),
+                peak=int(executed.peak_bytes.max()),
+                plain_s=float(np.median(plain.seconds[profile_iters:])),
+                pooch_s=float(np.median(under.seconds[profile_iters + 1:])))
+
+
 def model_state(model: chainer.Link, optimizer: chainer.Optimizer | None = None) -> dict:
     """Every array training changes: parameters, persistent state, optimizer state (host copies)."""
     state = {}
