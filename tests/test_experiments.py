@@ -329,3 +329,16 @@ def test_gist_encodings(tmp_path):
     # never slower, never a larger smallest budget, with encodings
     assert (wide["images_per_s"]["lossless"] >= wide["images_per_s"]["none"]).all()
     assert (wide["minimum_bytes"]["lossless"] <= wide["minimum_bytes"]["none"]).all()
+
+
+def test_gist_lossy(tmp_path):
+    import gist_lossy
+
+    # exit status 0: the lossless run trained bit-identically to plain Chainer
+    assert gist_lossy.main(["--out-dir", str(tmp_path), "--iters", "6", "--batch", "4",
+                            "--side", "8"]) == 0
+    table = check_outputs(tmp_path, ["lossy.csv"], ["lossy.png"])["lossy.csv"]
+    assert list(table.columns) == ["iteration", "plain", "lossless", "lossy"] and len(table) == 6
+    assert (table.lossless == table.plain).all()
+    # the forward pass is exact under fp16 stashes: the first loss, before any update, agrees
+    assert table.lossy.iloc[0] == table.plain.iloc[0]
