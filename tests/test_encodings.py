@@ -145,8 +145,10 @@ def test_pooch_chooses_encodings_where_they_pay_and_stays_bit_identical():
     profile = roomy.pooch.profile
     assert profile.tensors["nonzero"].notna().any()            # measured while profiling
     assert set(profile.meta["codec_s_per_byte"]) == set(encodings.LOSSLESS)   # fp16: not asked
+    # the smallest budget, with room for what this run measures beyond the first (a few
+    # hundred bytes: allocations vary a little between runs)
     result, state = _run(batches, device=CpuDevice(), encodings="lossless", link="cpu",
-                         budget=minimum_budget(profile))
+                         budget=budget_between(profile, 0.002))
     assert states_equal(plain, state)
     runtime = result.pooch
     assert runtime.plan.encodings

@@ -15,6 +15,7 @@ from pooch_ext.policies import get_policy, recompute as recompute_module, refine
 from pooch_ext.policies.fill_keeps import fill_keeps
 from pooch_ext.policies.recompute import recompute_step
 from pooch_ext.policies.refine import refine
+from pooch_ext.policies import search as search_module
 from pooch_ext.policies.search import SearchStats, keep_swap, tree_depth
 from pooch_ext.policies.sweep import classify_budgets, classify_links
 from pooch_ext.sim.batch import variant_times
@@ -22,6 +23,7 @@ from pooch_ext.sim.bounds import compute_floor, lower_bound
 from pooch_ext.errors import BudgetTooSmallError
 from pooch_ext.sim.budgets import (budget_between, checkpoint_codes, fits, least_peak,
                                    minimum_budget, tightest_codes)
+from pooch_ext.sim import engine as run_module
 from pooch_ext.sim.engine import EPS, run
 from pooch_ext.sim.model import KEEP, RECOMPUTE, SWAP, codes_of, compile_profile
 
@@ -68,6 +70,49 @@ def test_pruning_changes_no_decision_of_the_refinement(monkeypatch):
     full, _ = refine(model, start, budget, max_simulations=10**6, stats=full_stats)
     assert np.array_equal(pruned, full)
     assert pruned_stats.refine_simulations < full_stats.refine_simulations
+
+
+@pytest.mark.parametrize("seed", [1, 5])
+def test_a_simulation_cut_short_is_one_that_could_not_end_before_its_cutoff(seed):
+    profile = random_profile(seed, n_layers=20)
+    rng = np.random.default_rng(seed)
+    model = compile_profile(profile, Link("slow", 1 * GB, 2 * GB, 1e-4))
+    cut = 0
+    for _ in range(20):
+        codes = random_codes(model, rng)
+        for budget in (math.inf, least_peak(model, codes)):
+            full = run(model, codes, "early", budget)
+            for cutoff in (full.time_s * 0.9, full.time_s, full.time_s * 1.001):
+                result = run(model, codes, "early", budget, cutoff=cutoff)
+                if result.cut_short:
+                    cut += 1
+                    assert not result.feasible and cutoff <= result.time_s <= full.time_s
+                else:       # ran to the end: the very same answer
+                    assert result.time_s == full.time_s and result.feasible == full.feasible
+                    assert result.time_s < cutoff or not full.feasible
+    assert cut > 0
+
+
+def test_cutting_simulations_short_changes_no_decision_of_the_search(monkeypatch):
+    """pooch's plan and its count of simulations are the same when no simulation may stop
+    early; and no array the search remembered outlives it (the CPU device would count it)."""
+    searches = []
+    for seed, fraction, link in ((2, 0.2, "pcie3"), (6, 0.5, Link("slow", 1 * GB, 1 * GB))):
+        profile = random_profile(seed, n_layers=14)
+        budget = budget_between(profile, fraction)
+        stats = SearchStats()
+        plan = get_policy("pooch").classify(profile, budget, link, stats=stats)
+        assert compile_profile(profile, link).memo is None
+        searches.append((profile, budget, link, plan, stats))
+    real_run = run_module.run
+    monkeypatch.setattr(search_module, "run",
+                        lambda *args, cutoff=math.inf, **kwargs: real_run(*args, **kwargs))
+    for profile, budget, link, plan, stats in searches:
+        uncut = SearchStats()
+        again = get_policy("pooch").classify(profile, budget, link, stats=uncut)
+        assert again.classes == plan.classes
+        assert again.iteration_time_s == plan.iteration_time_s
+        assert uncut.simulations == stats.simulations and uncut.resimulated == 0
 
 
 def paper_recompute_loop(model, codes, budget):

@@ -35,7 +35,7 @@ def fill_keeps(model: SimModel, codes: np.ndarray, budget: int,
     def accept(group: list[int]) -> None:
         trial = best[0].copy()
         trial[group] = KEEP
-        t = ev.time(trial)
+        t = ev.time(trial, cutoff=float(np.nextafter(best[1] * (1 + 1e-12), math.inf)))
         if t <= best[1] * (1 + 1e-12):
             best[0], best[1] = trial, min(best[1], t)
         elif len(group) > 1:

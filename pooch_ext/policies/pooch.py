@@ -34,7 +34,7 @@ from pooch_ext.policies.search import SearchStats, keep_swap
 from pooch_ext.policies.sqrt_n import best_checkpoints
 from pooch_ext.profile import Profile
 from pooch_ext.sim.budgets import fits, least_swap_codes, tightest_codes
-from pooch_ext.sim.model import codes_of
+from pooch_ext.sim.model import codes_of, search_memo
 
 
 def classify(profile: Profile, budget: int | str | None = None, link: Link | str | None = None,
@@ -48,22 +48,23 @@ def classify(profile: Profile, budget: int | str | None = None, link: Link | str
     ctx = Context(profile, budget, link, "pooch" if refine else "pooch-paper", host_budget)
     host = ctx.host_budget
     stats = stats if stats is not None else SearchStats()
-    kept, _ = keep_swap(ctx.model, ctx.budget, stats=stats, host_budget=host)
-    codes, _ = recompute_step(ctx.model, kept, ctx.budget, stats=stats)
-    if refine:
-        # sparse spacings only rebuild more: the fastest that fits is dense (2..5 on the
-        # paper's networks), so spacings beyond 2 sqrt(n) are not worth a deep net's time
-        spacing = 2 * round(math.sqrt(ctx.model.m)) + 1
-        seeds_by_name = {"paper steps": codes, "keep/swap step": kept,
-                         "checkpoints": best_checkpoints(ctx.model, ctx.budget, spacing),
-                         "all swap": tightest_codes(ctx.model),
-                         "least swap": (None if math.isinf(host)
-                                        else least_swap_codes(ctx.model, ctx.budget))}
-        for k, plan in enumerate(seeds):
-            given = codes_of(ctx.model, plan.classes)
-            if fits(ctx.model, given, ctx.budget, host):
-                seeds_by_name[f"given {k}"] = given
-        codes, _ = multi_start(ctx.model, seeds_by_name, ctx.budget, stats=stats,
-                               host_budget=host)
-        codes, _ = fill_keeps(ctx.model, codes, ctx.budget, stats=stats, host_budget=host)
+    with search_memo(ctx.model):
+        kept, _ = keep_swap(ctx.model, ctx.budget, stats=stats, host_budget=host)
+        codes, _ = recompute_step(ctx.model, kept, ctx.budget, stats=stats)
+        if refine:
+            # sparse spacings only rebuild more: the fastest that fits is dense (2..5 on the
+            # paper's networks), so spacings beyond 2 sqrt(n) are not worth a deep net's time
+            spacing = 2 * round(math.sqrt(ctx.model.m)) + 1
+            seeds_by_name = {"paper steps": codes, "keep/swap step": kept,
+                             "checkpoints": best_checkpoints(ctx.model, ctx.budget, spacing),
+                             "all swap": tightest_codes(ctx.model),
+                             "least swap": (None if math.isinf(host)
+                                            else least_swap_codes(ctx.model, ctx.budget))}
+            for k, plan in enumerate(seeds):
+                given = codes_of(ctx.model, plan.classes)
+                if fits(ctx.model, given, ctx.budget, host):
+                    seeds_by_name[f"given {k}"] = given
+            codes, _ = multi_start(ctx.model, seeds_by_name, ctx.budget, stats=stats,
+                                   host_budget=host)
+            codes, _ = fill_keeps(ctx.model, codes, ctx.budget, stats=stats, host_budget=host)
     return ctx.plan(codes, "early", r=stats.r)

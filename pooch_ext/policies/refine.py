@@ -66,6 +66,7 @@ def refine(model: SimModel, codes: np.ndarray, budget: int, max_simulations: int
                                                   _windows(model, 2) + _windows(model, 3)]
     if 9 * model.m * (model.m - 1) // 2 <= limit:
         phases.append(None)      # any two maps, built only if reached
+    tried: set[bytes] = set()   # a trial that did not win once never will: best only falls
     for groups in phases:
         if best_time <= floor or ev.stats.simulations - first_simulation >= limit:
             break
@@ -80,14 +81,15 @@ def refine(model: SimModel, codes: np.ndarray, budget: int, max_simulations: int
                 break
             trial = _apply(model, base, slots[pos])
             pos, since = (pos + 1) % len(slots), since + 1
-            if trial is None:
+            if trial is None or trial.tobytes() in tried:
                 continue
+            tried.add(trial.tobytes())
             if _cannot_beat(model, trial, best_time):
                 stats.refine_pruned += 1
                 continue
             if not fits(model, trial, budget, ev.host_budget):
                 continue
-            t = ev.time(trial)
+            t = ev.time(trial, cutoff=best_time * (1 - 1e-9))
             if t < best_time * (1 - 1e-9):
                 codes, best_time, since = trial, t, 0
                 base = _Base(model, codes, budget)

@@ -29,7 +29,7 @@ import numpy as np
 from pooch_ext.sim.memory import occupy
 from pooch_ext.sim.model import KEEP, SWAP, SimModel, lifetimes, static_top
 from pooch_ext.sim.budgets import tightest_codes
-from pooch_ext.sim.engine import EPS, run
+from pooch_ext.sim.engine import EPS, RunResult, run
 
 
 @dataclass
@@ -48,32 +48,46 @@ class SearchStats:
     r: dict[int, float] = field(default_factory=dict)   # tensor id -> last r(X) computed
     refine_simulations: int = 0
     refine_pruned: int = 0      # refinement trials skipped: their compute floor cannot win
+    resimulated: int = 0        # simulations cut short, then needed in full (uncounted)
     seed_times: dict[str, float] = field(default_factory=dict)   # budgeted time of each seed
     seed: str = ""              # the seed whose refinement won
     seconds: float = 0.0
 
 
 class Evaluator:
-    """Simulations with memoization; counts them. ``budgeted=False`` drops both budgets."""
+    """Simulations with memoization; counts them. ``budgeted=False`` drops both budgets.
+
+    ``cutoff``: the caller only needs to know whether the plan ends before it (refine's
+    trials); the simulation stops once it cannot (engine.run). Such a result is kept as a
+    lower bound: a later question it cannot answer simulates again, uncounted, so a search
+    takes the same path and counts the same simulations with cutoffs as without."""
 
     def __init__(self, model: SimModel, budget: int, stats: SearchStats,
                  host_budget: float = math.inf) -> None:
         self.model, self.budget, self.stats = model, budget, stats
         self.host_budget = host_budget
-        self._cache: dict[tuple[bytes, bool], object] = {}
+        self._cache: dict[tuple[bytes, bool], RunResult] = {}
 
-    def run(self, codes: np.ndarray, budgeted: bool = True):
+    def run(self, codes: np.ndarray, budgeted: bool = True,
+            cutoff: float = math.inf) -> RunResult:
         key = (codes.tobytes(), budgeted)
         hit = self._cache.get(key)
+        if hit is not None and not (hit.cut_short and hit.time_s < cutoff):
+            return hit
         if hit is None:
             self.stats.simulations += 1
-            hit = (run(self.model, codes, "early", self.budget, host_budget=self.host_budget)
-                   if budgeted else run(self.model, codes, "early", math.inf))
-            self._cache[key] = hit
+        else:
+            self.stats.resimulated += 1
+        hit = (run(self.model, codes, "early", self.budget, host_budget=self.host_budget,
+                   cutoff=cutoff)
+               if budgeted else run(self.model, codes, "early", math.inf, cutoff=cutoff))
+        self._cache[key] = hit
         return hit
 
-    def time(self, codes: np.ndarray, budgeted: bool = True) -> float:
-        result = self.run(codes, budgeted)
+    def time(self, codes: np.ndarray, budgeted: bool = True, cutoff: float = math.inf) -> float:
+        """The plan's time (infinite where it does not fit); with ``cutoff``, any time at or
+        above it may come back as infinite."""
+        result = self.run(codes, budgeted, cutoff)
         return result.time_s if result.feasible else math.inf
 
 
@@ -169,14 +183,14 @@ def keep_swap(model: SimModel, budget: int, max_depth: int | None = None,
         trial = codes.copy()
         trial[l_in[depth:]] = KEEP
         trial[rest] = KEEP
-        return ev.time(trial, budgeted=False)
+        return ev.time(trial, budgeted=False, cutoff=best_time - EPS)
 
     def leaf(codes: np.ndarray, top: np.ndarray) -> None:
         nonlocal best_time, best
         stats.leaves += 1
         codes = codes.copy()
         codes[room.fill(top, rest)] = KEEP
-        t = ev.time(codes)
+        t = ev.time(codes, cutoff=best_time - EPS)
         if t < best_time - EPS:
             best_time, best = t, codes
 

@@ -39,21 +39,33 @@ def link_bound(model: SimModel, codes: np.ndarray) -> float:
     each after its swap-out and the forward pass; every op from a map's first need on runs
     after its swap-in. Exact for nothing, but it sees the stalls a slow link forces, which
     the compute floor does not."""
-    swapped = np.flatnonzero(codes == SWAP)
-    if not len(swapped):
+    is_swapped = codes == SWAP
+    if not is_swapped.any():
         return 0.0
-    n_fwd = model.n_fwd
-    fwd_end = np.cumsum(model.dur[:n_fwd])
-    by_producer = swapped[np.lexsort((swapped, model.producer[swapped]))]
-    so_done = _serial_done(fwd_end[model.producer[by_producer]], model.so_s[by_producer])
+    fwd_end, after, by_producer_all = _link_arrays(model)
+    by_producer = by_producer_all[is_swapped[by_producer_all]]
+    so_done = np.empty(model.m)
+    so_done[by_producer] = _serial_done(fwd_end[model.producer[by_producer]],
+                                        model.so_s[by_producer])
     first = lifetimes(model, codes).first
-    done_of = dict(zip(by_producer.tolist(), so_done.tolist()))
-    by_need = swapped[np.lexsort((swapped, first[swapped]))]
-    ready = np.maximum(np.array([done_of[i] for i in by_need.tolist()]),
-                       float(fwd_end[-1]) if n_fwd else 0.0)
+    swapped = np.flatnonzero(is_swapped)
+    by_need = swapped[np.argsort(first[swapped], kind="stable")]
+    ready = np.maximum(so_done[by_need], float(fwd_end[-1]) if model.n_fwd else 0.0)
     si_done = _serial_done(ready, model.si_s[by_need])
-    after = np.concatenate([np.cumsum(model.dur[::-1])[::-1], [0.0]])   # ops from b on
     return float((si_done + after[first[by_need]]).max())
+
+
+def _link_arrays(model: SimModel) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(forward end of each forward op, seconds of the ops from each boundary on, the maps
+    in producer order): what ``link_bound`` needs of ``model``, made once per search."""
+    cached = model.memo.get("link_bound") if model.memo is not None else None
+    if cached is None:
+        order = np.lexsort((np.arange(model.m), model.producer))
+        cached = (np.cumsum(model.dur[:model.n_fwd]),
+                  np.concatenate([np.cumsum(model.dur[::-1])[::-1], [0.0]]), order)
+        if model.memo is not None:
+            model.memo["link_bound"] = cached
+    return cached
 
 
 def _serial_done(ready: np.ndarray, seconds: np.ndarray) -> np.ndarray:

@@ -47,8 +47,8 @@ from pooch_ext.report.classtable import plan_table
 from pooch_ext.sim.budgets import resolve_budget, resolve_host_budget
 from pooch_ext.sim.configs import applied, choose
 from pooch_ext.sim.model import (RECOMPUTE, SWAP, Lifetimes, SimModel, codes_of, compile_profile,
-                                host_level, host_peak, lifetimes, recompute_extra, static_top,
-                                swap_waits)
+                                compute_to_come, host_level, host_peak, lifetimes, recompute_extra,
+                                static_top, swap_in_targets, swap_waits)
 from pooch_ext.sim.timeline import Recorder, Timeline, build_timeline
 
 EPS = 1e-12
@@ -69,6 +69,7 @@ class RunResult:
     stall_h2d: np.ndarray       # (m,) seconds compute waited on each map's swap-in
     delayed: int                # swap-ins a fixed rule wanted earlier than memory allowed
     trace: dict | None = None   # intervals and actions (record=True)
+    cut_short: bool = False     # stopped once it could not end before ``cutoff`` (run)
     host_peak_bytes: int = 0    # host bytes the swapped maps hold at once (model.host_peak)
     configs: np.ndarray | None = None   # chosen configuration per op that has them
     dur: np.ndarray | None = None       # (n,) seconds per op with those configurations
@@ -119,29 +120,17 @@ def simulate_plan(profile: Profile, plan: Plan, link: Link | str | None = None,
 
 # ------------------------------------------------------------------ the engine
 
-def _swap_in_targets(model: SimModel, timing: str, order: list[int], first: np.ndarray) -> dict:
-    """Earliest boundary each swap-in may start at under a fixed timing rule."""
-    n_fwd = model.n_fwd
-    if timing == "previous-op":
-        return {i: max(int(first[i]) - 1, n_fwd) for i in order}
-    if timing == "previous-conv":
-        conv = model.conv_bwd
-        out = {}
-        for i in order:
-            pos = np.searchsorted(conv, first[i]) - 1
-            out[i] = int(conv[pos]) if pos >= 0 else n_fwd   # conv_bwd: backward ops only
-        return out
-    return {i: n_fwd for i in order}   # early, vdnn (vdnn adds its window at run time)
-
-
 def run(model: SimModel, codes: np.ndarray, timing: str = "early", budget: float = math.inf,
         record: bool = False, host_budget: float = math.inf,
-        configs: np.ndarray | None = None) -> RunResult:
+        configs: np.ndarray | None = None, cutoff: float = math.inf) -> RunResult:
     """One simulation of classes ``codes`` (per feature map) under ``budget`` bytes; a plan
     whose swapped maps hold more than ``host_budget`` bytes on the host is infeasible.
     ``configs``: the configuration index of each op that has them (model.configs); None
-    chooses them (sim/configs.choose)."""
-    return _Run(model, codes, timing, budget, record, configs).walk().result(codes, host_budget)
+    chooses them (sim/configs.choose). A search that only asks whether a plan ends before
+    ``cutoff`` seconds gets an infeasible result with ``cut_short`` and a lower bound as its
+    time as soon as the clock plus the compute still to come (ops, recomputes) reaches it."""
+    return _Run(model, codes, timing, budget, record, configs, cutoff).walk().result(
+        codes, host_budget)
 
 
 class _Run:
@@ -155,8 +144,9 @@ class _Run:
     (``occupy`` inlined on ``top`` and ``level``)."""
 
     def __init__(self, model: SimModel, codes: np.ndarray, timing: str, budget: float,
-                 record: bool, configs: np.ndarray | None = None) -> None:
-        self.model, self.timing, self.budget = model, timing, budget
+                 record: bool, configs: np.ndarray | None = None,
+                 cutoff: float = math.inf) -> None:
+        self.model, self.timing, self.budget, self.cutoff = model, timing, budget, cutoff
         self.n, self.n_fwd, m = model.n, model.n_fwd, model.m
         life = lifetimes(model, codes)
         dur, peak = model.dur, None
@@ -181,9 +171,11 @@ class _Run:
             model.act_s.get(a, 0.0)
             for a in ("swap_out", "release", "swap_in", "wait", "recompute", "free"))
         self._static_actions(codes, life)
+        self.rest = compute_to_come(dur, self.rc_s, life, self.c_rc) if cutoff < math.inf else None
+        self.cut_short = False
         self.swapped = [i for i in range(m) if codes[i] == SWAP]
         self.queue = sorted(self.swapped, key=lambda i: (self.first_at[i], i))
-        self.target = _swap_in_targets(model, timing, self.queue, life.first)
+        self.target = swap_in_targets(model, timing, self.queue, life.first)
 
         self.so_done = [0.0] * m
         self.si_done = [math.inf] * m
@@ -228,7 +220,7 @@ class _Run:
         rc_at, op_wait_at, n_queue = self.rc_at, self.op_wait_at, len(self.queue)
         # cheap tests first (oldest copy not done; next swap-in not needed, due and released)
         inflight, so_done, queue, first_at = self.inflight, self.so_done, self.queue, self.first_at
-        target, released = self.target, self.released
+        target, released, rest, cutoff = self.target, self.released, self.rest, self.cutoff
         for b in range(n + 1):
             if b == n_fwd:
                 self.forward_end = self.t
@@ -256,6 +248,9 @@ class _Run:
                     sync_now = self._swap_ins(b)
             if b in rc_at or b in op_wait_at or sync_now or self.sync_prev:   # else nothing
                 self._recomputes_and_waits(b, sync_now)
+            if rest is not None and self.t + rest[b] >= cutoff:
+                self.cut_short, self.t = True, self.t + rest[b]
+                return self
             if b < n:
                 if rec:
                     rec.op(b, self.t)
@@ -439,13 +434,15 @@ class _Run:
         host = host_peak(model, codes)
         reason = "" if self.unlimited or peak <= budget else (
             self.overflow or f"peak {peak} bytes exceeds the budget {int(budget)}")
+        if self.cut_short:
+            reason = f"cut short: it cannot end before {self.cutoff} s"
         if not reason and host > host_budget:
             reason = (f"the swapped maps hold {host} bytes on the host at once; host budget "
                       f"{int(host_budget)} (recompute or keep some instead)")
         result = RunResult(self.t, not reason, peak, reason, self.forward_end,
                            sorted(self.l_out), sorted(self.l_in), np.array(self.stall_d2h),
                            np.array(self.stall_h2d), self.delayed, host_peak_bytes=host,
-                           configs=self.configs, dur=self.dur_array)
+                           configs=self.configs, dur=self.dur_array, cut_short=self.cut_short)
         if self.rec:
             result.trace = self.rec.finish(self.level, self.top)
             result.trace["host"] = host_level(model, codes)

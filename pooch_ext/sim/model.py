@@ -20,7 +20,9 @@ from __future__ import annotations
 import hashlib
 import pickle
 from collections import OrderedDict
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Iterator
 
 import numpy as np
 
@@ -74,6 +76,8 @@ class SimModel:
     # (n+1,) bytes held between ops that the level lacks, measured (Profile.meta's
     # held_between_ops; zeros for analytic profiles): beside a recompute run at that boundary
     between: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    # answers a search asks for again and again (``search_memo``); None outside a search
+    memo: dict | None = field(default=None, repr=False, compare=False)
 
     @property
     def m(self) -> int:
@@ -220,7 +224,11 @@ class Lifetimes:
 
 
 def lifetimes(model: SimModel, codes: np.ndarray) -> Lifetimes:
-    """Needs including recompute sources: recomputing Y at its first need reads its sources."""
+    """Needs including recompute sources: recomputing Y at its first need reads its sources.
+    The arrays are read-only: within ``search_memo`` the last answer is shared."""
+    key, memo = codes.tobytes(), model.memo
+    if memo is not None and memo.get("lifetimes", (None,))[0] == key:
+        return memo["lifetimes"][1]
     need = list(model.bwd_need)               # a map's list is copied before it grows
     first, end = model.bwd_first.tolist(), model.bwd_end.tolist()
     rc_point = np.full(model.m, -1, np.int64)
@@ -235,7 +243,29 @@ def lifetimes(model: SimModel, codes: np.ndarray) -> Lifetimes:
             need[s].append(point)
             first[s] = min(first[s], point)
             end[s] = max(end[s], point + 1)
-    return Lifetimes(codes, need, np.array(first, np.int64), np.array(end, np.int64), rc_point)
+    life = Lifetimes(codes.copy(), need, np.array(first, np.int64), np.array(end, np.int64),
+                     rc_point)
+    for array in (life.codes, life.first, life.end, life.rc_point):
+        array.flags.writeable = False
+    if memo is not None:
+        memo["lifetimes"] = (key, life)
+    return life
+
+
+@contextmanager
+def search_memo(model: SimModel) -> Iterator[None]:
+    """Within: ``lifetimes`` remembers its last answer (a search asks for a trial's bounds,
+    its fit and its simulation one after another) and sim/bounds.py its arrays. All dropped
+    on leaving, so that no array outlives the search: the CPU device counts every NumPy
+    array alive as device memory, and the profile measured next would hold them."""
+    outer = model.memo is not None
+    if not outer:
+        model.memo = {}
+    try:
+        yield
+    finally:
+        if not outer:
+            model.memo = None
 
 
 def swap_waits(model: SimModel, life: Lifetimes) -> tuple[dict[int, list[int]],
@@ -278,6 +308,33 @@ def static_top(model: SimModel, life: Lifetimes, minimal: bool,
     level = levels_from_changes(model.base_level, diff)
     return level, tops(level, model.peak_inc if peak_inc is None else peak_inc,
                        recompute_extra(model, life))
+
+
+def swap_in_targets(model: SimModel, timing: str, order: list[int], first: np.ndarray) -> dict:
+    """Earliest boundary each swap-in may start at under a fixed timing rule."""
+    n_fwd = model.n_fwd
+    if timing == "previous-op":
+        return {i: max(int(first[i]) - 1, n_fwd) for i in order}
+    if timing == "previous-conv":
+        conv = model.conv_bwd
+        out = {}
+        for i in order:
+            pos = np.searchsorted(conv, first[i]) - 1
+            out[i] = int(conv[pos]) if pos >= 0 else n_fwd   # conv_bwd: backward ops only
+        return out
+    return {i: n_fwd for i in order}   # early, vdnn (vdnn adds its window at run time)
+
+
+def compute_to_come(dur: np.ndarray, rc_s: list[float], life: Lifetimes,
+                    c_rc: float) -> list[float]:
+    """(n+1,) what the compute engine still has to do after the recomputes at boundary b:
+    the ops from b on and the recomputes (with their host seconds) at later boundaries, a
+    little under (rounding). The clock plus this bounds a run's time from below."""
+    at = np.zeros(len(dur) + 1)
+    rebuilt = life.rc_point >= 0
+    np.add.at(at, life.rc_point[rebuilt] - 1, np.asarray(rc_s)[rebuilt] + c_rc)
+    at[:-1] += dur
+    return (np.cumsum(at[::-1])[::-1] * (1 - 1e-12)).tolist()
 
 
 def recompute_extra(model: SimModel, life: Lifetimes) -> np.ndarray:
