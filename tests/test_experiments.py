@@ -235,6 +235,10 @@ def test_fidelity_quick_compares_predictions_with_measurements(tmp_path, capsys)
     frame = pd.read_csv(tmp_path / "fidelity.csv")
     assert len(frame) == 2 and (frame.status == "ok").all()
     assert (frame.measured_s > 0).all() and (frame.predicted_s > 0).all()
+    # every run also records pooch's prediction on its own profile: never slower than its plan
+    assert (frame.pooch_predicted_s <= frame.predicted_s * (1 + 1e-9)).all()
+    assert frame.set_index("policy").pooch_predicted_s["pooch"] == \
+        frame.set_index("policy").predicted_s["pooch"]
     assert (frame.measured_peak <= frame.budget_bytes).all()
     assert ((frame.predicted_peak - frame.measured_peak).abs() <= 0.05 * frame.measured_peak).all()
     assert (tmp_path / "fidelity.png").stat().st_size > 0
