@@ -12,7 +12,7 @@ from pooch_ext.hooks import codecs
 from pooch_ext.hooks.cpu_device import CpuDevice
 from pooch_ext.links import Link
 from pooch_ext.policies import get_policy
-from pooch_ext.sim.budgets import budget_between, minimum_budget
+from pooch_ext.sim.budgets import budget_between
 from pooch_ext.testing import ConvNet, states_equal, synthetic_batches, trained
 
 
