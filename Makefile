@@ -24,8 +24,10 @@ $(STAMP): setup.py constraints.txt
 demo: $(STAMP)
 	$(BIN)/python -m pooch_ext.demo
 
+# one BLAS thread per test worker: two workers with a thread per core each would share the
+# two cores four ways (the suite took twice as long)
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n 2 -m "not mpi"
+	OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(BIN)/python -m pytest -q -n 2 -m "not mpi"
 
 # data-parallel (ChainerMN over MPI, CPU): the environment gains the `mpi` extra
 $(MPI_STAMP): $(STAMP)
