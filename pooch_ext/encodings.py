@@ -318,11 +318,11 @@ def classify(profile: Profile, classify_one: Callable[..., Plan], setting: str =
     if best is None:
         assert plain_plan is not None
         return profile, plain_plan
-    _four_classes(best[1], best[0])
+    four_class_table(best[1], best[0])
     return best
 
 
-def _four_classes(plan: Plan, target: Profile) -> None:
+def four_class_table(plan: Plan, target: Profile) -> None:
     """The plan's classification table by map: an encoded map's row is its encoded form's,
     class "encode" (kept encoded) or "encode+swap", with its codec in ``encoding``."""
     twins = {info.twin: info for info in encoded_maps(target).values()}
@@ -336,6 +336,26 @@ def _four_classes(plan: Plan, target: Profile) -> None:
     table["encoding"] = codec
     table["tensor"] = [twins[t].tensor if t in twins else t for t in table["tensor"]]
     plan.table = table
+
+
+def encoded_plan(profile: Profile, plan: Plan) -> tuple[Profile, Plan]:
+    """(the profile ``plan`` runs on, the plan on it) for a plan read back from its table
+    (Plan.read_csv): its encoded maps' forms take their classes. The same profile and plan
+    when nothing is encoded; a map this profile cannot store that way is refused."""
+    if not plan.encodings:
+        return profile, plan
+    setting = "lossy" if set(plan.encodings.values()) & set(LOSSY) else "lossless"
+    allowed = candidates(profile, setting).set_index("tensor", drop=False)
+    for t, codec in sorted(plan.encodings.items()):
+        if t not in allowed.index or allowed.at[t, "codec"] != codec:
+            why = (f"its encoding here is {allowed.at[t, 'codec']}" if t in allowed.index
+                   else "no encoding rule allows it here")
+            raise PoochError(f"the plan stores tensor {t} as {codec}, but {why}: a plan "
+                             "table runs on the profile it was made from")
+    chosen = allowed.loc[sorted(plan.encodings)].reset_index(drop=True)
+    twins = twin_ids(profile, chosen)
+    classes = {twins.get(t, t): c for t, c in plan.classes.items()}
+    return encoded_profile(profile, chosen), dataclasses.replace(plan, classes=classes)
 
 
 def footprint(profile: Profile, setting: str) -> tuple[int, int]:

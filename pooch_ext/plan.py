@@ -40,6 +40,8 @@ if TYPE_CHECKING:
     from pooch_ext.sim.timeline import Timeline
 
 CLASSES = ("keep", "swap", "recompute")
+# the table's classes of an encoded map -> the class of its encoded form
+ENCODED_CLASSES = {"encode": "keep", "encode+swap": "swap"}
 ACTIONS = ("swap_out", "release", "swap_in", "wait", "recompute", "free")
 SWAP_IN_TIMINGS = ("early", "previous-op", "previous-conv", "vdnn")
 SCHEDULE_COLUMNS = ("boundary", "order", "action", "tensor")
@@ -125,13 +127,19 @@ class Plan:
                 raise PoochError(f"{path}: missing field '{column}'")
         try:
             classes = {int(t): str(c) for t, c in zip(table["tensor"], table["class"])}
+            # an encoded map's row (pooch_ext/encodings.py): its encoded form kept or swapped
+            codecs = table["encoding"].fillna("").astype(str) if "encoding" in table else None
+            encodings = {} if codecs is None else {
+                t: codec for t, codec in zip(classes, codecs) if codec}
+            for t in encodings:
+                classes[t] = ENCODED_CLASSES.get(classes[t], classes[t])
             policy = str(table["policy"].iloc[0]) if "policy" in table and len(table) else "file"
             timing = (str(table["swap_in_timing"].iloc[0])
                       if "swap_in_timing" in table and len(table) else "early")
             configs = (parse_configs(table["configs"].iloc[0])
                        if "configs" in table and len(table) else {})
             return cls(policy=policy, classes=classes, swap_in_timing=timing, table=table,
-                       configs=configs)
+                       configs=configs, encodings=encodings)
         except ValueError as error:
             raise PoochError(f"{path}: {error}") from None
 

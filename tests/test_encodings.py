@@ -2,15 +2,19 @@
 planner sees, the search over encoding sets, and bit-identical training with them."""
 from __future__ import annotations
 
+import json
+
 import numpy as np
+import pandas as pd
 import pytest
 
-from pooch_ext import encodings
+from pooch_ext import cli, encodings
 from pooch_ext.analytic.tracing import analytic_profile
 from pooch_ext.errors import PoochError
 from pooch_ext.hooks import codecs
 from pooch_ext.hooks.cpu_device import CpuDevice
 from pooch_ext.links import Link
+from pooch_ext.plan import Plan
 from pooch_ext.policies import get_policy
 from pooch_ext.sim.budgets import budget_between
 from pooch_ext.testing import ConvNet, states_equal, synthetic_batches, trained
@@ -109,6 +113,41 @@ def test_pooch_with_encodings_is_never_slower_and_sometimes_faster(vgg):
         faster += plan.iteration_time_s < plain.iteration_time_s * 0.999
         assert set(plan.encodings) == set(encodings.encoded_maps(target))
     assert faster
+
+
+def test_the_command_line_classifies_with_encodings_and_simulates_the_table_back(
+        vgg, tmp_path, capsys):
+    """classify --encodings writes a table with encode rows; simulate reads it back onto the
+    encoded profile and predicts what classify did; a codec the profile does not allow for a
+    map is refused by name."""
+    path = vgg.save(tmp_path / "vgg")
+    budget = budget_between(vgg, 0.0)
+    table = tmp_path / "plan.csv"
+    args = [str(path), "--link", "pcie3", "--budget", str(budget), "--json"]
+    assert cli.main(["classify", *args, "--encodings", "lossless", "--out", str(table)]) == 0
+    classified = json.loads(capsys.readouterr().out)
+    written = pd.read_csv(table)
+    encoded = written[written["class"].isin(["encode", "encode+swap"])]
+    assert len(encoded) and set(encoded["encoding"]) <= set(encodings.LOSSLESS)
+    plan = Plan.read_csv(table)
+    assert plan.encodings == dict(zip(encoded["tensor"], encoded["encoding"]))
+    assert set(plan.classes.values()) <= {"keep", "swap", "recompute"}
+    assert cli.main(["simulate", *args, "--plan", str(table)]) == 0
+    simulated = json.loads(capsys.readouterr().out)
+    assert simulated["encoded"] == classified["encoded"] == \
+        encoded["encoding"].value_counts().sort_index().to_dict()
+    assert simulated["iteration_time_s"] == classified["iteration_time_s"]
+    assert simulated["peak_bytes"] == classified["peak_bytes"] <= budget
+    assert cli.main(["classify", *args]) == 0          # default: no encodings
+    assert json.loads(capsys.readouterr().out)["iteration_time_s"] > \
+        classified["iteration_time_s"]
+    wrong = written.copy()
+    row = encoded.index[0]
+    other = next(c for c in encodings.LOSSLESS if c != wrong.at[row, "encoding"])
+    wrong.loc[row, "encoding"] = other
+    wrong.to_csv(table, index=False)
+    assert cli.main(["simulate", *args, "--plan", str(table)]) == 2      # bad input
+    assert f"stores tensor {wrong.at[row, 'tensor']} as {other}" in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------- training

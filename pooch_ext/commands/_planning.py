@@ -62,6 +62,9 @@ def summary(profile: Profile, plan: Plan) -> dict:
         int(minimum_host_budget(profile, plan.budget_bytes)),
         "incore_peak_bytes": int(profile.incore_peak_bytes),
         "counts": plan.counts,
+        # maps stored encoded, per codec (their forms are counted as keep / swap above)
+        "encoded": {codec: list(plan.encodings.values()).count(codec)
+                    for codec in sorted(set(plan.encodings.values()))},
         "swap_in_timing": plan.swap_in_timing,
         "stall_s": float(plan.timeline.total_stall_s) if plan.timeline is not None else 0.0,
         "classify_seconds": float(plan.classify_seconds),
@@ -97,8 +100,11 @@ def emit(info: dict, as_json: bool, extra_lines: list[str] = ()) -> None:
     print(f"peak memory      {format_bytes(info['peak_bytes'])} ({info['peak_bytes']} bytes)")
     print(f"host memory      {format_bytes(info['host_peak_bytes'])} ({info['host_peak_bytes']} "
           f"bytes) swapped at once; {_host_budget_text(info)}")
+    encoded = info.get("encoded") or {}
     print(f"feature maps     keep {counts['keep']}, swap {counts['swap']}, "
-          f"recompute {counts['recompute']}")
+          f"recompute {counts['recompute']}" + (
+              "; stored encoded: " + ", ".join(f"{n} {codec}" for codec, n in encoded.items())
+              if encoded else ""))
     print(f"classified in    {info['classify_seconds']:.2f} s")
     for line in extra_lines:
         print(line)

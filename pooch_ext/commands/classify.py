@@ -5,6 +5,7 @@ import argparse
 
 from pooch_ext.commands._paths import FILE_HELP, output_file
 from pooch_ext.commands._planning import add_common, add_figures, emit, load, summary, write_outputs
+from pooch_ext import encodings
 from pooch_ext.policies import POLICY_NAMES, get_policy
 
 
@@ -18,6 +19,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--out", default=None, metavar="CSV", type=output_file,
                         help="write the classification table here (pooch-ext simulate --plan "
                              "reads it); " + FILE_HELP)
+    parser.add_argument("--encodings", default="none", choices=encodings.SETTINGS,
+                        help="also store maps encoded (Gist): lossless (binarize, sparse) or "
+                             "lossy (also fp16); the fastest set wins, never slower than none "
+                             "(default: none)")
     add_figures(parser)
     parser.set_defaults(run=run)
 
@@ -25,7 +30,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     policy = get_policy(args.policy)
     profile, budget, host_budget = load(args)
-    plan = policy.classify(profile, budget, args.link, host_budget=host_budget)
+    _, plan = encodings.classify(profile, policy.classify, args.encodings, budget=budget,
+                                 link=args.link, host_budget=host_budget)
     lines = [f"table            {plan.to_csv(args.out)}"] if args.out else []
     lines += write_outputs(args, plan)
     emit(summary(profile, plan), args.json, lines)

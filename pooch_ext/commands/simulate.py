@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import time
 
+from pooch_ext.encodings import four_class_table, encoded_plan
 from pooch_ext.commands._planning import add_common, add_figures, emit, load, summary, write_outputs
 from pooch_ext.plan import Plan
 from pooch_ext.sim.engine import simulate_plan
@@ -24,7 +25,10 @@ def run(args: argparse.Namespace) -> int:
     profile, budget, host_budget = load(args)
     plan = Plan.read_csv(args.plan)
     started = time.perf_counter()
-    plan = simulate_plan(profile, plan, args.link, budget, host_budget)
+    target, plan = encoded_plan(profile, plan)
+    plan = simulate_plan(target, plan, args.link, budget, host_budget)
+    if plan.encodings:
+        four_class_table(plan, target)
     info = summary(profile, plan)   # classify_seconds: 0, a plan read from a file
     info["simulate_seconds"] = time.perf_counter() - started
     emit(info, args.json, write_outputs(args, plan))
