@@ -48,7 +48,7 @@ from pooch_ext.sim.budgets import resolve_budget, resolve_host_budget
 from pooch_ext.sim.configs import applied, choose
 from pooch_ext.sim.model import (RECOMPUTE, SWAP, Lifetimes, SimModel, codes_of, compile_profile,
                                 compute_to_come, host_level, host_peak, lifetimes, recompute_extra,
-                                static_top, swap_in_targets, swap_waits)
+                                static_top, swap_in_bound, swap_in_targets, swap_waits)
 from pooch_ext.sim.timeline import Recorder, Timeline, build_timeline
 
 EPS = 1e-12
@@ -126,11 +126,9 @@ def run(model: SimModel, codes: np.ndarray, timing: str = "early", budget: float
     """One simulation of classes ``codes`` (per feature map) under ``budget`` bytes; a plan
     whose swapped maps hold more than ``host_budget`` bytes on the host is infeasible.
     ``configs``: the configuration index of each op that has them (model.configs); None
-    chooses them (sim/configs.choose). A search that only asks whether a plan ends before
-    ``cutoff`` seconds gets an infeasible result with ``cut_short`` and a lower bound as its
-    time as soon as the clock plus the compute still to come (ops, recomputes) reaches it."""
-    return _Run(model, codes, timing, budget, record, configs, cutoff).walk().result(
-        codes, host_budget)
+    chooses them (sim/configs.choose). Asked only whether it ends before ``cutoff``, a run
+    stops (infeasible, ``cut_short``, a lower bound as time) once a bound reaches that."""
+    return _Run(model, codes, timing, budget, record, configs, cutoff).walk().result(codes, host_budget)
 
 
 class _Run:
@@ -224,6 +222,11 @@ class _Run:
         for b in range(n + 1):
             if b == n_fwd:
                 self.forward_end = self.t
+                late = swap_in_bound(self.t, queue, so_done, self.si_s, first_at, rest) \
+                    if rest is not None else 0.0
+                if late >= cutoff:
+                    self.cut_short, self.t = True, late
+                    return self
             if rec:
                 rec.arrive(b, self.t)
                 for i in free_at.get(b, ()):

@@ -337,6 +337,19 @@ def compute_to_come(dur: np.ndarray, rc_s: list[float], life: Lifetimes,
     return (np.cumsum(at[::-1])[::-1] * (1 - 1e-12)).tolist()
 
 
+def swap_in_bound(t: float, queue: list[int], so_done: list[float], si_s: list[float],
+                  first: list[int], to_come: list[float]) -> float:
+    """At the forward end (clock ``t``): a lower bound of a run's time from its swap-ins, one
+    after another on the H2D engine in need order (``queue``), none before its swap-out ends,
+    each before its first need and the compute still to come there (``compute_to_come``);
+    memory ignored. It sees a slow link's backward stalls half a run before they happen."""
+    done = bound = t
+    for i in queue:
+        done = max(done, so_done[i]) + si_s[i]
+        bound = max(bound, done + to_come[first[i]])
+    return bound
+
+
 def recompute_extra(model: SimModel, life: Lifetimes) -> np.ndarray:
     """(n+1,) the most a recompute chain run at each boundary holds beyond its map."""
     extra = np.zeros(model.n + 1, np.int64)
