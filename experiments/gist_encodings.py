@@ -56,7 +56,7 @@ def reduction_rows(networks: list[tuple[str, int]]) -> list[dict]:
 
 def least_budget(p, setting: str) -> tuple[int, int]:
     """(smallest budget without encodings, smallest over the encoding sets PoocH tries)."""
-    sets = encodings.choices(encodings.candidates(p, setting))
+    sets = encodings.setting_choices(p, setting)
     return minimum_budget(p), min(minimum_budget(encodings.encoded_profile(p, s)) for s in sets)
 
 

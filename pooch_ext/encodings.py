@@ -283,26 +283,44 @@ def choices(table: pd.DataFrame) -> list[pd.DataFrame]:
     """The encoding sets the search tries, cheapest to decode first: none, binarized maps,
     those plus sparse maps that at least halve, every candidate."""
     halve = table["encoded_bytes"] <= table["bytes"] / 2
-    sets = [table.iloc[:0], table[table["codec"] == "binarize"],
-            table[(table["codec"] == "binarize") | halve], table]
+    return _unique([table.iloc[:0], table[table["codec"] == "binarize"],
+                    table[(table["codec"] == "binarize") | halve], table])
+
+
+def setting_choices(profile: Profile, setting: str) -> list[pd.DataFrame]:
+    """The encoding sets ``classify`` tries for ``setting``: ``choices`` of its candidates;
+    "lossy" also tries the lossless sets, whose sparse maps its candidates store as fp16
+    where that is smaller, so that allowing fp16 never gives a slower plan."""
+    sets = choices(candidates(profile, setting))
+    if check_setting(setting) == "lossy":
+        sets = _unique(choices(candidates(profile, "lossless")) + sets)
+    return sets
+
+
+def _unique(sets: list[pd.DataFrame]) -> list[pd.DataFrame]:
+    """The sets in order, each (map, codec) combination once."""
+    seen: list[set] = []
     unique: list[pd.DataFrame] = []
     for chosen in sets:
-        if not any(set(chosen["tensor"]) == set(u["tensor"]) for u in unique):
+        key = set(zip(chosen["tensor"], chosen["codec"]))
+        if key not in seen:
+            seen.append(key)
             unique.append(chosen)
     return unique
 
 
 def classify(profile: Profile, classify_one: Callable[..., Plan], setting: str = "lossless",
              **kwargs: object) -> tuple[Profile, Plan]:
-    """(the profile the plan runs on, the fastest plan over the encoding sets of ``choices``,
-    each classified by ``classify_one(profile, **kwargs)``). With no encoding set better than
-    none, the plain profile's plan: never slower than without encodings. A set whose plan does
+    """(the profile the plan runs on, the fastest plan over the encoding sets of
+    ``setting_choices``, each classified by ``classify_one(profile, **kwargs)``). With no
+    encoding set better than none, the plain profile's plan: never slower than without
+    encodings, and "lossy" never slower than "lossless". A set whose plan does
     not fit is passed over; if none fits, the plain profile's plan (which says why)."""
     if check_setting(setting) == "none":
         return profile, classify_one(profile, **kwargs)
     best: tuple[Profile, Plan] | None = None
     plain_plan = None
-    for chosen in choices(candidates(profile, setting)):
+    for chosen in setting_choices(profile, setting):
         target = encoded_profile(profile, chosen)
         try:
             plan = classify_one(target, **kwargs)
