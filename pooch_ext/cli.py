@@ -28,9 +28,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# options whose value may look like an option to argparse ("--budget -1GiB"): passed as
+# "--budget=-1GiB", so the value's own check says what is wrong with it
+SIZE_OPTIONS = ("--budget", "--host-budget")
+
+
+def _joined(argv: list[str]) -> list[str]:
+    out: list[str] = []
+    for word in argv:
+        if out and out[-1] in SIZE_OPTIONS and word.startswith("-") and word[1:2].isdigit():
+            out[-1] = f"{out[-1]}={word}"
+        else:
+            out.append(word)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(_joined(sys.argv[1:] if argv is None else list(argv)))
     try:
         return int(args.run(args) or 0)
     except (PoochError, ValueError, OSError) as error:

@@ -210,7 +210,8 @@ def parse_frame(table: str, rows: list[dict] | pd.DataFrame, problems: list[Prob
 
 def read_header(path: Path) -> dict:
     if not path.is_file():
-        raise ProfileError(f"{path}: missing (a profile folder holds {HEADER_FILE}, "
+        raise ProfileError(f"{path.parent}: not a profile folder ({path.name} missing; a "
+                           f"profile folder holds {HEADER_FILE}, "
                            f"{', '.join(f'{t}.csv' for t in TABLES)})")
     try:
         header = json.loads(path.read_text())

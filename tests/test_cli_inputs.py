@@ -127,3 +127,12 @@ def test_demo_out_is_checked_before_training(tmp_path, capsys):
         _parse(["--out", str(tmp_path / "file")])
     assert done.value.code == 2 and "is a file, not a folder" in capsys.readouterr().err
     assert _parse(["--out", str(tmp_path / "new" / "demo")]).out == tmp_path / "new" / "demo"
+
+
+def test_a_negative_size_and_a_folder_that_is_no_profile_are_named(saved, tmp_path, capsys):
+    path, _ = saved
+    for option in ("--budget", "--host-budget"):      # argparse alone took "-1GiB" for an option
+        err = one_line_error(capsys, ["classify", path, option, "-1GiB"])
+        assert "not a byte size: '-1GiB'" in err
+    err = one_line_error(capsys, ["classify", str(tmp_path), "--budget", "16GiB"])
+    assert f"{tmp_path}: not a profile folder (profile.json missing" in err
