@@ -105,7 +105,10 @@ def emit(info: dict, as_json: bool, extra_lines: list[str] = ()) -> None:
           f"recompute {counts['recompute']}" + (
               "; stored encoded: " + ", ".join(f"{n} {codec}" for codec, n in encoded.items())
               if encoded else ""))
-    print(f"classified in    {info['classify_seconds']:.2f} s")
+    if "simulate_seconds" in info:      # a plan read from a file: no classification
+        print(f"simulated in     {info['simulate_seconds']:.2f} s")
+    else:
+        print(f"classified in    {info['classify_seconds']:.2f} s")
     for line in extra_lines:
         print(line)
 
