@@ -2,8 +2,11 @@
 hooks/profiler.py) turned into the same contract as the analytic profile, through
 ``GraphTrace.to_builder``.
 
-Op times are medians over the samples after the first (a warm-up), scratch sizes the largest
-seen, swap times the medians of the measured copies (the link preset on the CPU device) and
+Op times (forward, backward, re-run for recomputation) are the least over the samples after
+the first (a warm-up): interference from a shared machine or the copy threads only adds time,
+and with two samples a median is their mean, half of any slow spell (on the CPU device that
+put predictions 6-7% above the measured times at the median, 2% with the least). Scratch sizes
+are the largest seen, swap times the medians of the measured copies (the link preset on the CPU device) and
 ``link`` a fit of those copies; the bytes the graph model misses, the host seconds between
 ops and per schedule action are measured here too.
 """
@@ -208,6 +211,11 @@ def _median(values: list[float]) -> float:
     return float(statistics.median(values)) if values else 0.0
 
 
+def _least(values: list[float]) -> float:
+    """An op's compute time over the samples: the least (see the module's docstring)."""
+    return float(min(values)) if values else 0.0
+
+
 def cleared_gradients(trace: GraphTrace, samples: list[IterationSample]
                       ) -> list[tuple[int, list[int], bool]]:
     """(bytes, forward ops reading it, held in forward) of each parameter gradient that no
@@ -246,19 +254,19 @@ def _measured_costs(use: list[IterationSample], k: int, j: int, calls: dict,
                     configs_of: Callable[[Any], tuple[list, list]] | None,
                     unmodelled: dict[int, int], tail: tuple[float, int] = (0.0, 0)) -> dict:
     """The builder's costs of forward op ``k`` (backward op ``j``, -1: none) from the samples
-    ``use``: medians of times, maxima of scratch, each as the whole op would have taken where
+    ``use``: least times, maxima of scratch, each as the whole op would have taken where
     a sample ran it split; with its split configurations where ``configs_of`` offers some.
     ``tail``: (seconds, scratch bytes) run right after the backward op (``build_profile``)."""
     change = {s.iteration: _split_change(s, k, calls, configs_of) for s in use}
     # a whole op's time from a split run less the split's measured change: timing noise can
     # take it below zero (a split's change is measured on probes, once), never a real time
     row = dict(
-        duration_s=max(0.0, _median([s.forward_s[k] - change[s.iteration][0][1]
-                                     for s in use if k in s.forward_s])),
-        rerun_s=(_median([s.rerun_s[k] for s in use if k in s.rerun_s])
+        duration_s=max(0.0, _least([s.forward_s[k] - change[s.iteration][0][1]
+                                    for s in use if k in s.forward_s])),
+        rerun_s=(_least([s.rerun_s[k] for s in use if k in s.rerun_s])
                  if any(k in s.rerun_s for s in use) else None),
-        backward_s=max(0.0, _median([s.backward_s[k] - change[s.iteration][1][1]
-                                     for s in use if k in s.backward_s])),
+        backward_s=max(0.0, _least([s.backward_s[k] - change[s.iteration][1][1]
+                                    for s in use if k in s.backward_s])),
         transient_bytes=max([s.scratch.get(k, 0) - change[s.iteration][0][0]
                              for s in use]) + unmodelled.get(k, 0),
         backward_transient_bytes=(max([s.scratch.get(j, 0) - change[s.iteration][1][0]
