@@ -11,11 +11,14 @@ the way from the network's minimum to its in-core need, both measured first. Eac
 medians over its runs, and the report gives the run-to-run spread of the measured time (an
 LSTM iteration of 40 ms varies by 10-20% between identical runs on a 2-core VM). Links: the CPU
 device's ``cpu`` preset (copies about as long as the compute, like PCIe on a GPU) and
-``cpu-fast`` (6x faster, like NVLink). The CuPy device has no path in this script yet (no GPU
-has been lent to the project): experiments/gpu/measure.py is the GPU-side comparison.
+``cpu-fast`` (6x faster, like NVLink). ``--device cupy`` runs the same grid on the GPU with the
+CuPy device instead, over its own link (``native``) and throttled to ``pcie3``, the model and
+batches on the GPU, times from CUDA events and peaks from a pool hook (inside ops too); it
+refuses with one line where CUDA is absent (no GPU has been lent to the project yet:
+experiments/gpu/measure.py is the fuller GPU-side comparison).
 
     OPENBLAS_NUM_THREADS=1 python experiments/fidelity.py [--quick] [--network lstm]
-        [--repeats 3] [--out results/fidelity]
+        [--repeats 3] [--out results/fidelity] [--device cpu|cupy]
         [--report: print the saved CSV's report again, no runs]
 
 Writes fidelity.csv (one row per run, ``repeat`` numbering a cell's runs), fidelity.png
@@ -45,6 +48,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                              "are the medians over its runs")
     parser.add_argument("--profile-iters", type=int, default=3)
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--device", choices=["cpu", "cupy"], default="cpu",
+                        help="cpu: the CPU device, links cpu and cpu-fast (emulated); cupy: "
+                             "the GPU, its own link and pcie3 (throttled)")
     parser.add_argument("--report", action="store_true",
                         help="print the report of the fidelity.csv in --out again (no runs)")
     return parser.parse_args(argv)
@@ -70,21 +76,59 @@ def _networks(quick: bool) -> dict:
     return dict(list(nets.items())[:1]) if quick else nets
 
 
-def _run(make, batches, policy, budget, link, profile_iters):
-    """One training run under PoocH; returns (pooch, result)."""
+def _run(make, batches, policy, budget, link, profile_iters, gpu=None):
+    """One training run under PoocH: (pooch, result, the pool's peak bytes per iteration on
+    the GPU, else []). ``gpu``: the cupy module (the CuPy device; ``link`` None is the GPU's
+    own, a preset throttles to it), else the CPU device, whose iterations record their peaks."""
+    from contextlib import nullcontext
+
     import numpy as np
 
     from pooch_ext.hooks.cpu_device import CpuDevice
+    from pooch_ext.hooks.device import CupyDevice, pool_peak_hook
     from pooch_ext.testing import make_optimizer, train
 
     np.random.seed(0)
     model = make()
+    device, sync, hook = CpuDevice(link=link), None, None
+    if gpu is not None:
+        gpu.random.seed(0)
+        model.to_gpu()
+        batches = [(gpu.asarray(x), gpu.asarray(t)) for x, t in batches]
+        device, sync, hook = (CupyDevice(throttle=link), gpu.cuda.Device().synchronize,
+                              pool_peak_hook(gpu))
     optimizer = make_optimizer(model, "momentum")
-    device = CpuDevice(link=link)
-    result = train(model, optimizer, batches,
-                   {"profile_iters": profile_iters, "policy": policy, "budget": budget,
-                    "verbose": False, "device": device}, clock=device.timer)
-    return result.pooch, result
+    peaks: list[int] = []
+
+    def pool_peak(_) -> None:      # the GPU: the pool's peak of each iteration, inside ops too
+        peaks.append(int(hook.peak))
+        hook.reset()
+
+    with hook if hook is not None else nullcontext():
+        result = train(model, optimizer, batches,
+                       {"profile_iters": profile_iters, "policy": policy, "budget": budget,
+                        "verbose": False, "device": device}, clock=device.timer, sync=sync,
+                       after_step=pool_peak if hook is not None else None)
+    return result.pooch, result, peaks
+
+
+def _links(device: str) -> tuple[dict, object]:
+    """(link name -> what ``_run`` takes, the cupy module or None) for ``--device``."""
+    from pooch_ext.links import Link, get_link
+
+    if device == "cupy":
+        try:
+            import cupy
+
+            if cupy.cuda.runtime.getDeviceCount() < 1:
+                raise RuntimeError("no CUDA device")
+        except Exception as error:   # noqa: BLE001 - any reason CuPy cannot run here
+            raise SystemExit(f"fidelity.py: --device cupy needs CuPy and a CUDA GPU "
+                             f"({type(error).__name__}: {error})") from None
+        return {"native": None, "pcie3": "pcie3"}, cupy
+    cpu = get_link("cpu")
+    return {"cpu": cpu, "cpu-fast": Link("cpu-fast", 6 * cpu.d2h_bytes_per_s,
+                                         6 * cpu.h2d_bytes_per_s, cpu.latency_s)}, None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -99,14 +143,11 @@ def main(argv: list[str] | None = None) -> int:
         report(pd.read_csv(args.out / "fidelity.csv"), args.out)
         return 0
     import pooch_ext  # noqa: F401
-    from pooch_ext.links import Link, get_link
     from pooch_ext.sim.budgets import budget_between, minimum_budget
 
-    cpu = get_link("cpu")
-    links = {"cpu": cpu, "cpu-fast": Link("cpu-fast", 6 * cpu.d2h_bytes_per_s,
-                                          6 * cpu.h2d_bytes_per_s, cpu.latency_s)}
+    links, gpu = _links(args.device)
     if args.quick:
-        links = {"cpu": cpu}
+        links = dict(list(links.items())[:1])
     policies = POLICIES[:2] if args.quick else POLICIES
     fractions = [0.5] if args.quick else [0.1, 0.5, 0.9]
     nets = _networks(args.quick)
@@ -124,8 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     for net, (make, make_batches) in nets.items():
         batches = make_batches(n)
         for link_name, link in links.items():
-            probe, _ = _run(make, batches[:args.profile_iters], None, None, link,
-                            args.profile_iters)
+            probe, _, _ = _run(make, batches[:args.profile_iters], None, None, link,
+                               args.profile_iters, gpu)
             low, high = minimum_budget(probe.profile), probe.profile.incore_peak_bytes
             bar.update(1)
             cells += [(net, make, batches, link_name, link, fraction,
@@ -135,7 +176,8 @@ def main(argv: list[str] | None = None) -> int:
     for repeat in range(repeats):       # repeats interleaved: a slow spell hits every cell
         for net, make, batches, link_name, link, fraction, budget, low, high in cells:
             for policy in policies:
-                pooch, result = _run(make, batches, policy, budget, link, args.profile_iters)
+                pooch, result, peaks = _run(make, batches, policy, budget, link,
+                                            args.profile_iters, gpu)
                 bar.update(1)
                 row = dict(network=net, link=link_name, policy=policy, fraction=fraction,
                            repeat=repeat, budget_bytes=budget, minimum_bytes=low,
@@ -153,7 +195,8 @@ def main(argv: list[str] | None = None) -> int:
                            predicted_s=plan.iteration_time_s,
                            measured_s=float(np.median(result.fb_seconds[args.profile_iters:])),
                            predicted_peak=plan.peak_bytes,
-                           measured_peak=int(planned.peak_bytes.max()),
+                           measured_peak=(max(peaks[args.profile_iters:]) if peaks
+                                          else int(planned.peak_bytes.max())),
                            overruns=len(pooch.overruns))
                 rows.append(row)
     bar.close()

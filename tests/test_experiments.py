@@ -12,6 +12,7 @@ from pathlib import Path
 import matplotlib.image as mpimg
 import pandas as pd
 import pytest
+from conftest import cuda_available
 
 EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
 sys.path.insert(0, str(EXPERIMENTS))
@@ -245,6 +246,30 @@ def test_fidelity_quick_compares_predictions_with_measurements(tmp_path, capsys)
     assert "measured peak above the budget: 0 of 2 runs" in capsys.readouterr().out
     assert fidelity.main(["--report", "--out", str(tmp_path)]) == 0     # from the CSV alone
     assert "2 cells (2 runs): 2 planned and ran in every run" in capsys.readouterr().out
+
+
+def test_fidelity_on_the_cupy_device_refuses_in_one_line_without_a_gpu(tmp_path):
+    import fidelity
+
+    if cuda_available():
+        pytest.skip("CUDA is here: test_fidelity_quick_on_the_gpu runs it")
+    with pytest.raises(SystemExit, match="--device cupy needs CuPy and a CUDA GPU"):
+        fidelity.main(["--quick", "--device", "cupy", "--out", str(tmp_path)])
+    assert not (tmp_path / "fidelity.csv").exists()
+
+
+@pytest.mark.gpu
+def test_fidelity_quick_on_the_gpu(tmp_path, capsys):
+    """The same grid on the CuPy device (its own link): predictions beside CUDA-event times
+    and the pool's peaks. Not yet run on a GPU (none lent since it was written)."""
+    import fidelity
+
+    assert fidelity.main(["--quick", "--device", "cupy", "--iters", "2", "--profile-iters", "2",
+                          "--out", str(tmp_path)]) == 0
+    frame = pd.read_csv(tmp_path / "fidelity.csv")
+    assert len(frame) == 2 and (frame.status == "ok").all() and set(frame.link) == {"native"}
+    assert (frame.measured_s > 0).all() and (frame.measured_peak > 0).all()
+    assert "measured peak above the budget" in capsys.readouterr().out
 
 
 def test_fidelity_cells_are_medians_over_their_runs_and_a_failed_run_fails_the_cell():
