@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import sys
 
-import matplotlib.pyplot as plt
 import pandas as pd
 from tqdm import tqdm
 
@@ -101,9 +100,7 @@ def plot(reduction: pd.DataFrame, path) -> None:
     ax.axhline(1.0, color="black", lw=0.8)
     ax.set_ylabel("in-core footprint / with encodings")
     ax.set_title("Gist's encodings: footprint reduction (analytic, V100)")
-    plt.tight_layout()
-    plt.savefig(path, dpi=120)
-    plt.close()
+    common.save(ax.figure, path)
 
 
 def main(argv: list[str] | None = None) -> int:

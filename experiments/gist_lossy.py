@@ -76,9 +76,7 @@ def plot(table: pd.DataFrame, path) -> None:
     bottom.set_ylabel("lossy - plain")
     bottom.set_xlabel("iteration")
     top.set_title("fp16 stashes (Gist's DPR) on the CPU device")
-    plt.tight_layout()
-    plt.savefig(path, dpi=120)
-    plt.close()
+    common.save(fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:
