@@ -34,7 +34,7 @@ import numpy as np
 import pandas as pd
 
 from pooch_ext.errors import PoochError
-from pooch_ext.plan import Plan
+from pooch_ext.plan import ENCODED_CLASSES, Plan
 from pooch_ext.profile import Profile
 
 LOSSLESS = ("binarize", "sparse")
@@ -349,8 +349,7 @@ def four_class_table(plan: Plan, target: Profile) -> None:
         return
     table = table.copy()
     codec = [twins[t].codec if t in twins else "" for t in table["tensor"]]
-    table["class"] = [("encode+swap" if c == "swap" else "encode") if e else c
-                      for c, e in zip(table["class"], codec)]
+    table["class"] = [ENCODED_CLASSES[c] if e else c for c, e in zip(table["class"], codec)]
     table["encoding"] = codec
     table["tensor"] = [twins[t].tensor if t in twins else t for t in table["tensor"]]
     plan.table = table

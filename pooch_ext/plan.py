@@ -40,8 +40,8 @@ if TYPE_CHECKING:
     from pooch_ext.sim.timeline import Timeline
 
 CLASSES = ("keep", "swap", "recompute")
-# the table's classes of an encoded map -> the class of its encoded form
-ENCODED_CLASSES = {"encode": "keep", "encode+swap": "swap"}
+# the class of an encoded map's encoded form -> the map's class in the table (encodings.py)
+ENCODED_CLASSES = {"keep": "encode", "swap": "encode+swap"}
 ACTIONS = ("swap_out", "release", "swap_in", "wait", "recompute", "free")
 SWAP_IN_TIMINGS = ("early", "previous-op", "previous-conv", "vdnn")
 SCHEDULE_COLUMNS = ("boundary", "order", "action", "tensor")
@@ -131,8 +131,9 @@ class Plan:
             codecs = table["encoding"].fillna("").astype(str) if "encoding" in table else None
             encodings = {} if codecs is None else {
                 t: codec for t, codec in zip(classes, codecs) if codec}
+            form_class = {shown: form for form, shown in ENCODED_CLASSES.items()}
             for t in encodings:
-                classes[t] = ENCODED_CLASSES.get(classes[t], classes[t])
+                classes[t] = form_class.get(classes[t], classes[t])
             policy = str(table["policy"].iloc[0]) if "policy" in table and len(table) else "file"
             timing = (str(table["swap_in_timing"].iloc[0])
                       if "swap_in_timing" in table and len(table) else "early")

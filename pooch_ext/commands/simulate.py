@@ -27,8 +27,7 @@ def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     target, plan = encoded_plan(profile, plan)
     plan = simulate_plan(target, plan, args.link, budget, host_budget)
-    if plan.encodings:
-        four_class_table(plan, target)
+    four_class_table(plan, target)
     info = summary(profile, plan)   # classify_seconds: 0, a plan read from a file
     info["simulate_seconds"] = time.perf_counter() - started
     emit(info, args.json, write_outputs(args, plan))
