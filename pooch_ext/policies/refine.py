@@ -81,9 +81,9 @@ def refine(model: SimModel, codes: np.ndarray, budget: int, max_simulations: int
                 break
             trial = _apply(model, base, slots[pos])
             pos, since = (pos + 1) % len(slots), since + 1
-            if trial is None or trial.tobytes() in tried:
+            if trial is None or (key := trial.tobytes()) in tried:
                 continue
-            tried.add(trial.tobytes())
+            tried.add(key)
             if _cannot_beat(model, trial, best_time):
                 stats.refine_pruned += 1
                 continue

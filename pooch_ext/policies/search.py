@@ -57,8 +57,9 @@ class SearchStats:
 class Evaluator:
     """Simulations with memoization; counts them. ``budgeted=False`` drops both budgets.
 
-    ``cutoff``: the caller only needs to know whether the plan ends before it (refine's
-    trials); the simulation stops once it cannot (engine.run). Such a result is kept as a
+    ``cutoff``: the caller only needs to know whether the plan ends before it (the
+    refinement's trials, the keep / swap tree, fill_keeps); the simulation stops once it
+    cannot (engine.run). Such a result is kept as a
     lower bound: a later question it cannot answer simulates again, uncounted, so a search
     takes the same path and counts the same simulations with cutoffs as without."""
 
