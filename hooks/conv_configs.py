@@ -88,30 +88,43 @@ def with_gradient(call: ConvCall, gy: Any) -> ConvCall:
     return dataclasses.replace(call, gy=split_exact.layout(gy))
 
 
-_MEASURED: dict[tuple, tuple[list[Config], list[Config]]] = {}
+# (part, call, device kind) -> that part's configurations. The forward part is keyed by the
+# call without its gradient's layout, which only the backward part reads: a first iteration
+# measures the forward before its backward has a gradient, and the backward once it has one
+_MEASURED: dict[tuple, list[Config]] = {}
+PARTS = ("forward", "backward")
 
 
-def measured_configs(call: ConvCall, device: Any) -> tuple[list[Config], list[Config]]:
+def measured_configs(call: ConvCall, device: Any, parts: tuple[str, ...] = PARTS
+                     ) -> tuple[list[Config], list[Config]]:
     """``measure`` on ``device`` (a RuntimeDevice: its array module, and its allocation
-    counter where it has one), once per call and device kind."""
-    key = (call, device.kind)
-    if key not in _MEASURED:
+    counter where it has one), each part once per call and device kind; a part left out of
+    ``parts`` comes back empty (not measured)."""
+    keys = {"forward": ("forward", dataclasses.replace(call, gy=None), device.kind),
+            "backward": ("backward", call, device.kind)}
+    missing = tuple(part for part in parts if keys[part] not in _MEASURED)
+    if missing:
         counter = getattr(device, "counter", None)
         with counter.apart() if counter is not None else nullcontext():
-            _MEASURED[key] = measure(call, device.xp, counter)
-    return _MEASURED[key]
+            found = measure(call, device.xp, counter, parts=missing)
+        for part, configs in zip(PARTS, found):
+            if part in missing:
+                _MEASURED[keys[part]] = configs
+    forward, backward = (_MEASURED.get(keys[part], []) if part in parts else []
+                         for part in PARTS)
+    return forward, backward
 
 
-def measure(call: ConvCall, xp: Any, counter: Any = None, repeats: int = 2
-            ) -> tuple[list[Config], list[Config]]:
+def measure(call: ConvCall, xp: Any, counter: Any = None, repeats: int = 2,
+            parts: tuple[str, ...] = PARTS) -> tuple[list[Config], list[Config]]:
     """(forward, backward) configurations as (pieces, scratch bytes change, seconds change)
     against whole: measured on probes with ``xp`` (NumPy or CuPy); scratch is measured by
     ``counter`` (the CPU device's allocation counter) or, for CuPy, by the pool; with
-    neither, none is offered."""
+    neither, none is offered. A part left out of ``parts`` is not measured (empty)."""
     if counter is None and xp is not numpy:
         counter = PoolCounter(xp)
         with counter.hook:
-            return measure(call, xp, counter, repeats)
+            return measure(call, xp, counter, repeats, parts)
     if counter is None:
         return [], []
     x, W = split_exact.probe(xp, call.x, 1), split_exact.probe(xp, call.W, 2)
@@ -146,8 +159,12 @@ def measure(call: ConvCall, xp: Any, counter: Any = None, repeats: int = 2
                                               call.wants_gx)
     out = []
     # 2, 8, 32, ...: each a quarter of the scratch of the one before
-    for runner, counts in ((forward, piece_counts(most_forward, MEASURED_FACTOR)),
-                           (backward, piece_counts(most_backward, MEASURED_FACTOR))):
+    for part, runner, counts in (
+            ("forward", forward, piece_counts(most_forward, MEASURED_FACTOR)),
+            ("backward", backward, piece_counts(most_backward, MEASURED_FACTOR))):
+        if part not in parts:
+            out.append([])
+            continue
         whole_s, whole_b = _cost(runner(1), xp, counter, repeats)
         configs = []
         for pieces in counts:

@@ -184,11 +184,11 @@ class PoocH(PoochResults):
         call = conv_call(function, in_data)
         pieces = None if call is None else first_iteration_pieces(call, self.budget_bytes)
         if pieces is not None:
-            # the configurations the profile will use, measured now (apart from the device's
+            # the forward configurations the profile will use, measured now (apart from the device's
             # peak, before the op's clock starts): their exactness checks are then the ones
             # the op looks up, so no probe runs inside it (split_exact.KNOWN); the backward's
             # once its incoming gradient's layout is known (_first_iteration_backward)
-            measured_configs(call, self.device)
+            measured_configs(call, self.device, parts=("forward",))
             self._first_calls[id(function)] = call
         return pieces
 

@@ -258,6 +258,30 @@ def test_scaled_down_issue_networks_train_bit_identical_where_only_splits_fit(na
     assert first.program == "on-demand" and first.splits
 
 
+def test_a_first_iteration_split_measures_each_part_of_each_convolution_once(monkeypatch):
+    """The first iteration measures a split convolution's forward before its backward has a
+    gradient, and its backward once it has one: neither part twice (the whole sweep used to
+    run a second time once the gradient's layout was known)."""
+    from pooch_ext.hooks import conv_configs
+
+    measured: list[tuple] = []
+    real = conv_configs.measure
+
+    def counting(call, xp, counter=None, repeats=2, parts=conv_configs.PARTS):
+        measured.extend((part, call.x, call.W, call.stride) for part in parts)
+        return real(call, xp, counter, repeats, parts)
+
+    monkeypatch.setattr(conv_configs, "_MEASURED", {})
+    monkeypatch.setattr(conv_configs, "measure", counting)
+    result, _ = trained(ConvNet, synthetic_batches(1, 16, (3, 32, 32), 5),
+                        dict(profile_iters=1, device=CpuDevice(), verbose=False,
+                             budget=64 << 20))
+    assert result.pooch.iterations.splits[0] > 0
+    forward = [m for m in measured if m[0] == "forward"]
+    assert forward and len(forward) == len(set(forward))
+    assert len(measured) == len(set(measured))
+
+
 def test_a_first_iteration_run_split_is_profiled_as_the_whole_ops_it_stands_for(monkeypatch):
     """The first iteration splits big forward convolutions before anything is known; the
     profile made from it (the refusal check's) must still measure each op whole: a check run
