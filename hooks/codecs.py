@@ -1,9 +1,11 @@
 """The encodings' code (issue 16): a feature map to its encoded form (one flat ``uint8``
 array of exactly ``pooch_ext.encodings.encoded_bytes``) and back, on NumPy or CuPy arrays.
 
-Decoding is exact where the encoding is lossless: ``binarize`` gives back an array whose
-``> 0`` is the original's (all ReLU's backward reads), ``sparse`` gives back every bit. Which
-map may take which encoding is decided by the planner (pooch_ext/encodings.py), never here.
+Decoding is exact where the encoding is lossless: ``binarize`` gives back the original's
+``> 0`` as a bool mask (all ReLU's backward reads; hooks/relu_mask.py runs that backward on
+it), ``sparse`` gives back every bit. The memory each step takes is
+``pooch_ext.encodings``' (``decoded_bytes``, ``scratch_bytes``; tests/test_encodings.py
+measures it). Which map may take which encoding is decided by the planner, never here.
 """
 from __future__ import annotations
 
@@ -30,7 +32,8 @@ def _mask(xp: Any, bits: Any) -> Any:
 
 
 def _unmask(xp: Any, blob: Any, n: int) -> Any:
-    return xp.unpackbits(blob[:(n + 7) // 8])[:n].astype(bool)
+    """The first ``n`` bits of ``blob`` as bools: a view of the unpacked bytes, no copy."""
+    return xp.unpackbits(blob[:(n + 7) // 8])[:n].view(bool)
 
 
 def nonzero_bits(array: Any) -> Any:
@@ -55,12 +58,12 @@ def encode(codec: str, array: Any) -> Any:
 
 
 def decode(codec: str, blob: Any, shape: tuple, dtype: Any) -> Any:
-    """The array ``encode(codec, array)`` came from (``binarize``: its sign as 0 and 1)."""
+    """The array ``encode(codec, array)`` came from (``binarize``: where it was > 0, bool)."""
     xp = _xp(blob)
     dtype = np.dtype(dtype)
     n = int(np.prod(shape, dtype=np.int64))
     if codec == "binarize":
-        return _unmask(xp, blob, n).astype(dtype).reshape(shape)
+        return _unmask(xp, blob, n).reshape(shape)
     if codec == "sparse":
         where = _unmask(xp, blob, n)
         out = xp.zeros(n, dtype=dtype)

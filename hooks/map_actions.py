@@ -30,6 +30,7 @@ from pooch_ext.hooks.device import Transfer
 from pooch_ext.hooks.function_nodes import TAG
 from pooch_ext.hooks.program import ExecutorError
 from pooch_ext.hooks.recompute import recompute
+from pooch_ext.hooks.relu_mask import read_mask
 
 if TYPE_CHECKING:
     from pooch_ext.hooks.executor import Executor
@@ -297,9 +298,14 @@ class MapActions:
             raise ExecutorError(f"decode of tensor {tensor}: its encoded form is gone")
         shape, dtype = self.executor.trace.tensors[tensor].shape, \
             self.executor.trace.tensors[tensor].dtype
-        array = codecs.decode(self.encoded[twin].codec, blob, shape, dtype)
+        codec = self.encoded[twin].codec
+        array = codecs.decode(codec, blob, shape, dtype)
         slot = self.slot(tensor)
         self.restore(tensor, slot, array)
+        if codec == "binarize":
+            retained = self._retained_by(tensor)
+            if retained is not None:       # the ReLU that made it; gone: no backward to run
+                read_mask(retained[0])
         slot.state = "device"
         if not keep_encoded:
             self.drop(twin, twin_slot)

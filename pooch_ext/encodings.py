@@ -14,6 +14,9 @@ How the planner sees an encoded map: the profile is rewritten (``encoded_profile
 the map becomes an intermediate that its last forward reader frees, and a new feature map,
 its *encoded form* (``uint8`` bytes), is made by that reader and needed by the first backward
 op that needs the map; the decoded map is memory allocated there and freed where the map was.
+The encoded form leaves once it is decoded, before that op allocates anything (the executor
+drops it there). A binarized map decodes to its one-byte-per-element mask, not to a float
+map: ReLU's backward reads only ``y > 0`` (hooks/relu_mask.py runs it on the mask).
 Encoding and decoding cost their time on those two ops. Every policy then classifies the
 encoded form like any map, so keep = encode and swap = encode + swap (the encoded bytes go
 over the link). The executor carries it out with two more actions (hooks/codecs.py,
@@ -69,13 +72,27 @@ def encoded_bytes(codec: str, n: int, itemsize: int, nonzero: int) -> int:
     raise PoochError(f"unknown encoding {codec!r}; known: {', '.join(CODECS)}")
 
 
+def unpacked_bytes(n: int) -> int:
+    """Bytes of a mask unpacked to one byte per element (``unpackbits`` of whole bytes)."""
+    return (int(n) + 7) // 8 * 8
+
+
+def decoded_bytes(codec: str, n: int, itemsize: int) -> int:
+    """Bytes of the map ``codec`` gives back for backward: a binarized map's unpacked mask
+    (all ReLU's backward reads), else the map itself."""
+    return unpacked_bytes(n) if codec == "binarize" else int(n) * int(itemsize)
+
+
 def scratch_bytes(codec: str, n: int, itemsize: int, nonzero: int) -> tuple[int, int]:
-    """(encode, decode) scratch beyond the two forms, as hooks/codecs.py allocates it: a
-    one-byte-per-element mask (two while unpacking), the packed mask, the gathered values."""
+    """(encode, decode) scratch beyond the forms at their peak, as hooks/codecs.py allocates
+    it: encoding, a one-byte-per-element mask beside the packed bits (binarize) or beside the
+    padded mask and the gathered values (sparse); decoding a sparse map, its unpacked mask
+    (a binarized map's unpacked mask is its decoded form)."""
     if codec == "fp16":
         return 0, 0
-    encode = int(n) + 2 * mask_bytes(n) + (int(nonzero) * int(itemsize) if codec == "sparse" else 0)
-    return encode, 2 * int(n)
+    if codec == "binarize":
+        return int(n) + (int(n) + 7) // 8, 0
+    return int(n) + mask_bytes(n) + int(nonzero) * int(itemsize), unpacked_bytes(n)
 
 
 def codecs_of(setting: str) -> tuple[str, ...]:
@@ -95,11 +112,12 @@ def check_setting(setting: str | None) -> str:
 
 def candidates(profile: Profile, setting: str = "lossless") -> pd.DataFrame:
     """One row per feature map that may be encoded, with its smallest allowed codec: tensor,
-    codec, bytes, encoded_bytes, encode_s, decode_s, encode_after (its last forward reader),
-    decode_at (its first backward reader), encode_scratch, decode_scratch (bytes)."""
+    codec, bytes, encoded_bytes, decoded_bytes, encode_s, decode_s, encode_after (its last
+    forward reader), decode_at (its first backward reader), encode_scratch, decode_scratch
+    (bytes)."""
     setting = check_setting(setting)
-    columns = ["tensor", "codec", "bytes", "encoded_bytes", "encode_s", "decode_s",
-               "encode_after", "decode_at", "encode_scratch", "decode_scratch"]
+    columns = ["tensor", "codec", "bytes", "encoded_bytes", "decoded_bytes", "encode_s",
+               "decode_s", "encode_after", "decode_at", "encode_scratch", "decode_scratch"]
     if setting == "none":
         return pd.DataFrame(columns=columns)
     ops, tensors = profile.ops, profile.tensors
@@ -133,7 +151,8 @@ def candidates(profile: Profile, setting: str = "lossless") -> pd.DataFrame:
         if sizes[codec] > (1 - LEAST_SAVING) * row.bytes:
             continue
         encode_s, decode_s = seconds(codec, row.bytes, sizes[codec])
-        rows.append((int(row.tensor), codec, int(row.bytes), sizes[codec], encode_s, decode_s,
+        rows.append((int(row.tensor), codec, int(row.bytes), sizes[codec],
+                     decoded_bytes(codec, n, itemsize), encode_s, decode_s,
                      int(last_forward), int(min(row.bwd_consumers)),
                      *scratch_bytes(codec, n, itemsize, nonzero_elements)))
     return pd.DataFrame(rows, columns=columns)
@@ -235,18 +254,23 @@ def encoded_profile(profile: Profile, table: pd.DataFrame) -> Profile:
                                   for x in ops.at[k, "needs"] if x != t or k == first_bwd]
         duration[last_fwd] += float(row.encode_s)
         duration[first_bwd] += float(row.decode_s)
-        nbytes = int(row.bytes)
-        replaced[free_row[t]] = (m_op[free_row[t]], "free", nbytes, -1, "activation")
+        nbytes, decoded = int(row.bytes), int(row.decoded_bytes)
+        replaced[free_row[t]] = (m_op[free_row[t]], "free", decoded, -1, "activation")
         # the map itself goes when nothing holds it any more (a Variable of the caller's
         # code may hold it a little longer: the profile's held_until)
         gone = max(last_fwd, int(tensors.at[i, "held_until"]))
         after.setdefault(last_fwd, []).extend(
             [(last_fwd, "malloc", size, twin, "activation")] + _scratch(last_fwd, row.encode_scratch))
         after.setdefault(gone, []).append((gone, "free", nbytes, t, "activation"))
+        # decoded, the encoded form leaves before the op allocates: its bytes are handed
+        # back here and taken again after the op, where the simulator frees it (the
+        # simulator frees a map after its last reader; sim/model.py drops its free event)
         before.setdefault(first_bwd, []).extend(
-            [(first_bwd, "malloc", nbytes, -1, "activation")]
-            + _scratch(first_bwd, row.decode_scratch))
-        after.setdefault(first_bwd, []).append((first_bwd, "free", size, twin, "activation"))
+            [(first_bwd, "malloc", decoded, -1, "activation")]
+            + _scratch(first_bwd, row.decode_scratch)
+            + [(first_bwd, "free", size, -1, "activation")])
+        after.setdefault(first_bwd, []).extend([(first_bwd, "malloc", size, -1, "activation"),
+                                                (first_bwd, "free", size, twin, "activation")])
     ops["duration_s"] = duration
     if "nonzero" not in tensors:
         tensors["nonzero"] = math.nan

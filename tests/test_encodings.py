@@ -11,7 +11,7 @@ import pytest
 from pooch_ext import cli, encodings
 from pooch_ext.analytic.tracing import analytic_profile
 from pooch_ext.errors import PoochError
-from pooch_ext.hooks import codecs
+from pooch_ext.hooks import codecs, cpu_memory, relu_mask
 from pooch_ext.hooks.cpu_device import CpuDevice
 from pooch_ext.links import Link
 from pooch_ext.plan import Plan
@@ -38,7 +38,8 @@ def test_codecs_give_back_what_backward_reads_in_exactly_the_planned_bytes(dtype
         assert blob.dtype == np.uint8 and blob.ndim == 1
         assert blob.size == encodings.encoded_bytes(codec, x.size, x.itemsize, nonzero)
         y = codecs.decode(codec, blob, x.shape, x.dtype)
-        assert y.shape == x.shape and y.dtype == x.dtype
+        assert y.shape == x.shape
+        assert y.dtype == (bool if codec == "binarize" else x.dtype)
         assert np.array_equal(y > 0, x > 0)
     exact = codecs.decode("sparse", codecs.encode("sparse", x), x.shape, x.dtype)
     assert exact.tobytes() == x.tobytes()
@@ -46,6 +47,64 @@ def test_codecs_give_back_what_backward_reads_in_exactly_the_planned_bytes(dtype
     again = codecs.decode("sparse", codecs.encode("sparse", non_contiguous),
                           non_contiguous.shape, x.dtype)
     assert again.tobytes() == np.ascontiguousarray(non_contiguous).tobytes()
+
+
+@pytest.mark.parametrize("shape", [(3, 5, 7), (64, 3, 33, 17)])
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_each_codec_step_takes_exactly_the_memory_the_planner_models(dtype, shape):
+    """Counted by the CPU device's allocator: encoding peaks at the encoded form plus its
+    scratch, decoding at the decoded form plus its scratch (a binarized map: its mask)."""
+    counter = cpu_memory.counter()
+    assert counter is not None, cpu_memory.failure
+    x = np.maximum(np.random.default_rng(1).standard_normal(shape), 0).astype(dtype)
+    n, nonzero = x.size, int(codecs.nonzero_bits(x).sum())
+    for codec in encodings.CODECS:
+        encode_scratch, decode_scratch = encodings.scratch_bytes(codec, n, x.itemsize, nonzero)
+        was = counter.use(True)
+        try:
+            counter.begin()
+            counter.reset_peak()
+            blob = codecs.encode(codec, x)
+            encode_peak, blob_bytes = counter.peak(), counter.live()
+            counter.reset_peak()
+            decoded = codecs.decode(codec, blob, x.shape, x.dtype)
+            decode_peak, decoded_bytes = counter.peak() - blob_bytes, counter.live() - blob_bytes
+        finally:
+            counter.use(was)
+        assert blob_bytes == encodings.encoded_bytes(codec, n, x.itemsize, nonzero)
+        assert encode_peak == blob_bytes + encode_scratch
+        assert decoded_bytes == encodings.decoded_bytes(codec, n, x.itemsize)
+        assert decode_peak == decoded_bytes + decode_scratch
+        assert decoded.nbytes <= decoded_bytes
+
+
+def relu_grads_with_and_without_the_mask(xp) -> tuple:
+    """(x.grad of Chainer's ReLU, x.grad with the node reading a binarized mask), for
+    inputs and gradients that hold every special value."""
+    import chainer
+    import chainer.functions as F
+    from pooch_ext.hooks.chainer_refs import set_retained_outputs
+    from pooch_ext.hooks.relu_mask import read_mask
+    special = [-0.0, 0.0, np.nan, np.inf, -np.inf, -1.0, 2.5, 1e-40]
+    x = np.array(special * 4, np.float32).reshape(4, 8)
+    gy = np.array(np.roll(special * 4, 3), np.float32).reshape(4, 8)
+    grads = []
+    for masked in (False, True):
+        v = chainer.Variable(xp.asarray(x))
+        y = F.relu(v)
+        if masked:
+            mask = codecs.decode("binarize", codecs.encode("binarize", y.array), x.shape, x.dtype)
+            set_retained_outputs(y.creator, (mask,))
+            read_mask(y.creator)
+        y.grad = xp.asarray(gy)
+        y.backward()
+        grads.append(chainer.backends.cuda.to_cpu(v.grad))
+    return tuple(grads)
+
+
+def test_relu_backward_from_the_mask_gives_chainers_bits():
+    plain, masked = relu_grads_with_and_without_the_mask(np)
+    assert masked.dtype == plain.dtype and masked.tobytes() == plain.tobytes()
 
 
 def test_an_unknown_codec_or_setting_is_refused_by_name():
@@ -173,7 +232,11 @@ def _run(batches, net=ConvNet, **pooch):
 
 
 @pytest.mark.parametrize("net, codec", [(ConvNet, "binarize"), (sparse_only, "sparse")])
-def test_lossless_encodings_train_bit_identical_and_encode_for_real(net, codec):
+def test_lossless_encodings_train_bit_identical_and_encode_for_real(net, codec, monkeypatch):
+    masked = []            # ReLU backward passes run on a binarized mask
+    run_masked = relu_mask.MaskedReLUGrad.forward_cpu
+    monkeypatch.setattr(relu_mask.MaskedReLUGrad, "forward_cpu",
+                        lambda self, inputs: masked.append(self.mask.dtype) or run_masked(self, inputs))
     batches = synthetic_batches(5, 8, (3, 16, 16), 5)
     _, plain = trained(net, batches)
     roomy, _ = _run(batches, net, device=CpuDevice())
@@ -191,6 +254,8 @@ def test_lossless_encodings_train_bit_identical_and_encode_for_real(net, codec):
     assert planned.encodes == planned.decodes == len(runtime.plan.encodings)
     assert planned.swap_outs >= len(runtime.plan.encodings)
     assert planned.peak_bytes <= runtime.budget_bytes
+    binarized = "binarize" in runtime.plan.encodings.values()
+    assert bool(masked) == binarized and set(masked) <= {np.dtype(bool)}
 
 
 def test_pooch_chooses_encodings_where_they_pay_and_stays_bit_identical():

@@ -209,3 +209,9 @@ def test_the_pool_peak_hook_sees_temporaries_inside_an_op(cupy):
         temporary = cupy.empty(8 << 20, cupy.uint8)
         del temporary
     assert hook.peak - base >= 8 << 20
+
+
+def test_relu_backward_from_a_binarized_mask_gives_chainers_bits_on_the_gpu(cupy):
+    from tests.test_encodings import relu_grads_with_and_without_the_mask
+    plain, masked = relu_grads_with_and_without_the_mask(cupy)
+    assert masked.dtype == plain.dtype and masked.tobytes() == plain.tobytes()
