@@ -1,17 +1,19 @@
 """Gist's encodings in PoocH (issue 16): how much they shrink the in-core footprint, and
 what they add to PoocH on the paper's x86 (PCIe gen3) and POWER9 (NVLink 2.0) hosts.
 
-reduction.csv: one row per network and setting (``lossless``: binarize + sparse;
-``lossless+dpr``: also fp16 stashes), the in-core peak (Gist's footprint: everything the
-iteration holds at once, every map kept) without and with every encoding the rules allow,
-and their ratio (``reduction``, Gist's MFR). pooch.csv: ResNet-50 b512 and VGG-16 b256 on a
+reduction.csv: one row per network and setting (``lossless``: Gist's lossless techniques,
+binarize + sparse + in-place ReLUs; ``lossless+dpr``: also fp16 stashes), the in-core peak
+(Gist's footprint: everything the iteration holds at once, every map kept) without and with
+every encoding and in-place ReLU the rules allow, and their ratio (``reduction``, Gist's
+MFR; ``reduction_without_inplace``: the encodings alone). pooch.csv: ResNet-50 b512 and VGG-16 b256 on a
 16 GB V100, PoocH without and with lossless encodings (the search over encoding sets of
 pooch_ext/encodings.py): the smallest budget each reaches, and the plan's images/s at 16 GB
 and at budgets between the minimum and the in-core need.
 
 Assumption, stated because the sparse figures follow it: analytic profiles take half of a
 ReLU output's elements to be nonzero (the least sparse Gist reports; measured profiles count
-them). Decoded maps are full-size float arrays (cuDNN's ReLU backward reads the map itself).
+them). A decoded map is the full-size float map, except a binarized one: its one-byte mask,
+which ReLU's backward reads (hooks/relu_mask.py).
 
     .venv/bin/python experiments/gist_encodings.py [--networks vgg16:256 ...]
         [--pooch resnet50:512 ...] [--out-dir ...]
@@ -25,6 +27,7 @@ from tqdm import tqdm
 
 import common
 from pooch_ext import encodings
+from pooch_ext.inplace import inplace_ops
 from pooch_ext.policies import get_policy
 from pooch_ext.sim.budgets import minimum_budget
 
@@ -43,20 +46,25 @@ def reduction_rows(networks: list[tuple[str, int]]) -> list[dict]:
         for name, setting in SETTINGS.items():
             table = encodings.candidates(p, setting)
             plain, encoded = encodings.footprint(p, setting)
+            without_inplace = encodings.encoded_profile(p, table).incore_peak_bytes
             counts = table["codec"].value_counts()
             rows.append(dict(network=model, batch=batch, setting=name,
                              incore_bytes=plain, encoded_bytes=encoded,
                              reduction=round(plain / encoded, 3),
+                             reduction_without_inplace=round(plain / without_inplace, 3),
                              maps=int((p.tensors.kind == "feature_map").sum()),
                              encoded_maps=len(table),
-                             **{c: int(counts.get(c, 0)) for c in encodings.CODECS}))
+                             **{c: int(counts.get(c, 0)) for c in encodings.CODECS},
+                             inplace_relus=len(inplace_ops(p))))
     return rows
 
 
 def least_budget(p, setting: str) -> tuple[int, int]:
     """(smallest budget without encodings, smallest over the encoding sets PoocH tries)."""
-    sets = encodings.setting_choices(p, setting)
-    return minimum_budget(p), min(minimum_budget(encodings.encoded_profile(p, s)) for s in sets)
+    base = encodings.lossless_base(p)
+    sets = encodings.setting_choices(base, setting)
+    return minimum_budget(p), min(minimum_budget(encodings.encoded_profile(base, s))
+                                  for s in sets)
 
 
 def _given(plain_profile, plain_plan, classify):
@@ -96,8 +104,13 @@ def pooch_rows(networks: list[tuple[str, int]], budget: str | None = None) -> li
 
 def plot(reduction: pd.DataFrame, path) -> None:
     wide = reduction.pivot(index="network", columns="setting", values="reduction")
-    ax = wide[list(SETTINGS)].plot.bar(figsize=(6.5, 3.6), rot=0)
+    alone = reduction[reduction.setting == "lossless"].set_index("network")
+    bars = pd.DataFrame({"binarize + sparse": alone["reduction_without_inplace"],
+                         "lossless (+ in-place ReLU)": wide["lossless"],
+                         "lossless + DPR (fp16)": wide["lossless+dpr"]})
+    ax = bars.plot.bar(figsize=(7, 3.8), rot=0)
     ax.axhline(1.0, color="black", lw=0.8)
+    ax.axhline(1.5, color="gray", lw=0.8, ls="--")
     ax.set_ylabel("in-core footprint / with encodings")
     ax.set_title("Gist's encodings: footprint reduction (analytic, V100)")
     common.save(ax.figure, path)
@@ -117,7 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     plot(reduction, out / "reduction.png")
     table = pd.DataFrame(pooch_rows(args.pooch, args.budget))
     table.to_csv(out / "pooch.csv", index=False)
-    print(reduction[["network", "batch", "setting", "reduction", "encoded_maps"]].to_string(index=False))
+    print(reduction[["network", "batch", "setting", "reduction", "reduction_without_inplace",
+                     "encoded_maps", "inplace_relus"]].to_string(index=False))
     wide = table.pivot_table(index=["network", "link", "budget"], columns="encodings",
                              values="images_per_s").round(1)
     print(wide.to_string())

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from pooch_ext.hooks.function_nodes import TAG
 from pooch_ext.hooks.graph import GraphRecorder
+from pooch_ext.hooks.inplace_relu import alone, as_chainer, write_over_input
 from pooch_ext.hooks.map_actions import MapActions
 from pooch_ext.hooks.model_state import base_of
 from pooch_ext.hooks.ondemand import OnDemand
@@ -50,6 +51,7 @@ class IterationStats:
     frees: int = 0
     encodes: int = 0
     decodes: int = 0
+    inplace: int = 0              # forward ops that wrote over their input
     on_demand: int = 0
     peak_bytes: int = 0
     started: float = 0.0                             # perf_counter at the first forward op
@@ -82,6 +84,7 @@ class Executor(GraphRecorder):
         self.passive = False        # this iteration runs as plain Chainer: nothing is dropped
         self._enforce_after = False  # the device's budget is off for this iteration only
         self._in_data: tuple = ()
+        self._over_input: Any = None     # the function now writing over its input, if any
         # (function, its input arrays) -> (forward, backward) pieces to run a convolution in
         # while no program governs the maps, or None (PoocH: its first iteration)
         self.on_demand_split: Callable[[Any, tuple], tuple[int, int] | None] | None = None
@@ -201,6 +204,9 @@ class Executor(GraphRecorder):
             self._in_data = ()
 
     def forward_postprocess(self, function: Any, in_data: tuple) -> None:
+        if self._over_input is function:   # an in-place forward is for this one run only
+            as_chainer(function)
+            self._over_input = None
         if self.profiler is not None:
             self.profiler.forward_function_done(function)
         super().forward_postprocess(function, in_data)
@@ -291,6 +297,8 @@ class Executor(GraphRecorder):
         elif self.mode == ON_DEMAND and self.on_demand_split is not None:
             # its exactness was checked beforehand, outside the op's measurement
             pieces, checked = self.on_demand_split(function, self._in_data), KNOWN
+        if self.mode == SCHEDULED and index in self.program.inplace:
+            self._write_over_input(index, function)
         if pieces is not None:
             # the node's backward runs in its pieces too: split installs both on it here
             forward, backward = pieces
@@ -301,6 +309,17 @@ class Executor(GraphRecorder):
         self.device.check("forward op", index, function)
         if self.profiler is not None:
             self.profiler.forward_began(index)
+
+    def _write_over_input(self, index: int, function: Any) -> None:
+        """Op ``index`` writes its output over its input, as planned, if nothing else refers
+        to the input now; else it runs as Chainer's and the plan no longer holds."""
+        if alone(self._in_data):
+            write_over_input(function)
+            self._over_input = function
+            self.stats.inplace += 1
+        else:
+            self._deviate(f"forward op {index} ({type(function).__name__}) was to write over "
+                          "its input, but something else refers to that array now")
 
     def on_forward_resolved(self, index: int, function: Any) -> None:
         op = self.trace.ops[index]

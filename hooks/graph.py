@@ -35,7 +35,9 @@ from pooch_ext.hooks.chainer_refs import retained_indexes, variable_array
 from pooch_ext.hooks.function_nodes import (TAG, ancestors, count_backward_ops,
                                             is_static_graph, scalar_attrs)
 from pooch_ext.hooks.holding import HoldingWatch
+from pooch_ext.hooks.inplace_relu import alone
 from pooch_ext.hooks.link_names import LinkNames
+from pooch_ext.inplace import FUNCTIONS as INPLACE_FUNCTIONS
 from pooch_ext.trace import GraphTrace, OpRecord, ParamRecord, TensorRecord
 
 TAIL = -1             # op index of a function run on the graph after its first backward pass
@@ -171,6 +173,7 @@ class GraphRecorder(chainer.FunctionHook):
         setattr(function, TAG, (self._serial, index))
         self.functions.append(weakref.ref(function))
         self._labels.append(self._link_names.stack[-1] if self._link_names.stack else "")
+        self._alone.append(type(function).__name__ in INPLACE_FUNCTIONS and alone(in_data))
         self._tensor_marks.append(len(self.trace.tensors))
         self._position = index
         self.op_sources = sources
@@ -283,6 +286,7 @@ class GraphRecorder(chainer.FunctionHook):
         self._holding.compact(n_ops)
         self.functions = self.functions[n_ops:]
         self._labels = self._labels[n_ops:]
+        self._alone = self._alone[n_ops:]
         self._tensor_marks = [m - n_tensors for m in self._tensor_marks[n_ops:]]
         self._pass_starts = [p - n_ops for p in self._pass_starts if p > n_ops]
         self.nodes = {t - n_tensors: ref for t, ref in self.nodes.items() if t >= n_tensors}
@@ -316,6 +320,7 @@ class GraphRecorder(chainer.FunctionHook):
         self.trace = GraphTrace()
         self.functions = []
         self._labels = []
+        self._alone: list[bool] = []
         self.nodes = {}
         self._serial = object()
         self._n_inputs = 0
@@ -444,7 +449,8 @@ class GraphRecorder(chainer.FunctionHook):
 
         record = OpRecord(index, type(function).__name__, self._labels[index], inputs, outputs,
                           params, retained_in, retained_out, differentiable,
-                          scalar_attrs(function) if self.record_attrs else {}, param_ids)
+                          scalar_attrs(function) if self.record_attrs else {}, param_ids,
+                          self._alone[index])
         self.trace.ops.append(record)
         if retained_in or retained_out:       # for a backward this pass may never run
             self._holding.node(function, record)

@@ -64,6 +64,7 @@ class MapActions:
         self.retained_out: dict[int, tuple[int, int]] = {}   # tensor -> (its op, position)
         self.inputs_held: dict[int, Any] = {}    # network inputs a recompute chain reads
         self.blobs: dict[int, Any] = {}          # encoded form -> its array on the device
+        self.layouts: dict[int, tuple] = {}      # encoded form -> the map's strides
 
     @property
     def encoded(self) -> dict:
@@ -278,6 +279,7 @@ class MapActions:
         if array is None:
             raise ExecutorError(f"encode of tensor {tensor}: no reference holds its array")
         blob = codecs.encode(self.encoded[twin].codec, array)
+        self.layouts[twin] = tuple(array.strides)
         self.restore(twin, self.slot(twin), blob)
         self.slot(twin).state = "device"
         slot = self.slot(tensor)
@@ -299,7 +301,7 @@ class MapActions:
         shape, dtype = self.executor.trace.tensors[tensor].shape, \
             self.executor.trace.tensors[tensor].dtype
         codec = self.encoded[twin].codec
-        array = codecs.decode(codec, blob, shape, dtype)
+        array = codecs.decode(codec, blob, shape, dtype, self.layouts.get(twin))
         slot = self.slot(tensor)
         self.restore(tensor, slot, array)
         if codec == "binarize":

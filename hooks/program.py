@@ -11,6 +11,7 @@ import pandas as pd
 
 from pooch_ext.encodings import Encoded, encoded_maps
 from pooch_ext.errors import ExecutorError
+from pooch_ext.inplace import inplace_of
 from pooch_ext.profile import Profile
 from pooch_ext.sim.check import validate_schedule
 from pooch_ext.trace import GraphTrace
@@ -36,6 +37,8 @@ class Program:
     # encoded form -> how its map is encoded (pooch_ext/encodings.py): the schedule acts on
     # the encoded form; the executor encodes and decodes the map itself
     encoded: dict[int, Encoded] = field(default_factory=dict)
+    # forward ops that write their output over their input (pooch_ext/inplace.py)
+    inplace: frozenset[int] = frozenset()
 
     def __post_init__(self) -> None:
         if self.known_inputs:
@@ -144,7 +147,8 @@ def compile_program(trace: GraphTrace, profile: Profile, schedule: pd.DataFrame,
                if kinds.get(int(s)) == "input"}
     return Program(trace, actions, chains, frozenset(sources), profile.n_ops, label,
                    splits=_splits(profile, configs or {}),
-                   encoded={info.twin: info for info in encoded.values()})
+                   encoded={info.twin: info for info in encoded.values()},
+                   inplace=frozenset(inplace_of(profile)))
 
 
 def _splits(profile: Profile, configs: dict[int, int]) -> dict[int, tuple[int, int]]:

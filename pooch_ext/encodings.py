@@ -37,6 +37,7 @@ import numpy as np
 import pandas as pd
 
 from pooch_ext.errors import PoochError
+from pooch_ext.inplace import inplace_of, inplace_ops, inplace_profile
 from pooch_ext.plan import ENCODED_CLASSES, Plan
 from pooch_ext.profile import Profile
 
@@ -51,6 +52,8 @@ RELU_NONZERO = 0.5
 NONZERO_MARGIN = 0.05   # of the elements, above the most seen while profiling
 # an encoding is offered only where it saves at least this fraction of the map
 LEAST_SAVING = 0.25
+# elements hooks/codecs.py encodes and decodes at once (a multiple of 8: whole mask bytes)
+CODEC_CHUNK = 1 << 22
 WHY_ENCODED = "an encoded form: decoded, never recomputed"
 
 
@@ -85,14 +88,17 @@ def decoded_bytes(codec: str, n: int, itemsize: int) -> int:
 
 def scratch_bytes(codec: str, n: int, itemsize: int, nonzero: int) -> tuple[int, int]:
     """(encode, decode) scratch beyond the forms at their peak, as hooks/codecs.py allocates
-    it: encoding, a one-byte-per-element mask beside the packed bits (binarize) or beside the
-    padded mask and the gathered values (sparse); decoding a sparse map, its unpacked mask
-    (a binarized map's unpacked mask is its decoded form)."""
+    it, one chunk of ``CODEC_CHUNK`` elements at a time: encoding, the chunk's one-byte mask
+    beside its packed bits or (sparse) its gathered values; decoding a sparse map, the
+    chunk's unpacked mask (a binarized map's unpacked mask is its decoded form). Exact for a
+    map of one chunk; for more, the values of one chunk are bounded by all of them."""
     if codec == "fp16":
         return 0, 0
+    chunk = min(int(n), CODEC_CHUNK)
     if codec == "binarize":
-        return int(n) + (int(n) + 7) // 8, 0
-    return int(n) + mask_bytes(n) + int(nonzero) * int(itemsize), unpacked_bytes(n)
+        return chunk + (chunk + 7) // 8, 0
+    gathered = min(int(nonzero), chunk) * int(itemsize)
+    return chunk + max((chunk + 7) // 8, gathered), unpacked_bytes(chunk)
 
 
 def codecs_of(setting: str) -> tuple[str, ...]:
@@ -333,28 +339,42 @@ def _unique(sets: list[pd.DataFrame]) -> list[pd.DataFrame]:
     return unique
 
 
+def lossless_base(profile: Profile) -> Profile:
+    """``profile`` with Gist's third lossless technique, its in-place ReLUs, wherever
+    pooch_ext/inplace.py allows them: what every encoding set is applied to."""
+    return inplace_profile(profile, inplace_ops(profile))
+
+
 def classify(profile: Profile, classify_one: Callable[..., Plan], setting: str = "lossless",
              **kwargs: object) -> tuple[Profile, Plan]:
-    """(the profile the plan runs on, the fastest plan over the encoding sets of
-    ``setting_choices``, each classified by ``classify_one(profile, **kwargs)``). With no
-    encoding set better than none, the plain profile's plan: never slower than without
-    encodings, and "lossy" never slower than "lossless". A set whose plan does
-    not fit is passed over; if none fits, the plain profile's plan (which says why)."""
+    """(the profile the plan runs on, the fastest plan over the plain profile and the
+    encoding sets of ``setting_choices``, each with and without the in-place ReLUs of
+    ``lossless_base``, each classified by ``classify_one(profile, **kwargs)``). With
+    nothing better than the plain profile, its plan: never slower than without encodings,
+    and "lossy" never slower than "lossless"; and never slower than without the in-place
+    ReLUs, though less memory does not always make the search find a faster plan. A set
+    whose plan does not fit is passed over; if none fits, the plain profile's plan (which
+    says why)."""
     if check_setting(setting) == "none":
         return profile, classify_one(profile, **kwargs)
     best: tuple[Profile, Plan] | None = None
     plain_plan = None
-    for chosen in setting_choices(profile, setting):
-        target = encoded_profile(profile, chosen)
+    base = lossless_base(profile)
+    bases = [base] if base is profile else [base, profile]
+    for chosen, on in [(None, profile)] + [(c, b) for c in setting_choices(base, setting)
+                                           for b in bases if len(c) or b is not profile]:
+        target = profile if chosen is None else encoded_profile(on, chosen)
         try:
             plan = classify_one(target, **kwargs)
         except PoochError:
-            if not len(chosen):
+            if chosen is None:
                 raise
             continue
-        plan.encodings = {int(t): str(c) for t, c in zip(chosen["tensor"], chosen["codec"])}
-        if not len(chosen):
+        if chosen is None:
             plain_plan = plan
+        else:
+            plan.encodings = {int(t): str(c) for t, c in zip(chosen["tensor"], chosen["codec"])}
+            plan.inplace = inplace_of(target)
         if plan.feasible and (best is None or plan.iteration_time_s < best[1].iteration_time_s):
             best = (target, plan)
     if best is None:
@@ -381,8 +401,10 @@ def four_class_table(plan: Plan, target: Profile) -> None:
 
 def encoded_plan(profile: Profile, plan: Plan) -> tuple[Profile, Plan]:
     """(the profile ``plan`` runs on, the plan on it) for a plan read back from its table
-    (Plan.read_csv): its encoded maps' forms take their classes. The same profile and plan
-    when nothing is encoded; a map this profile cannot store that way is refused."""
+    (Plan.read_csv): its in-place ops run in place, its encoded maps' forms take their
+    classes. The same profile and plan when it does neither; an op or a map this profile
+    cannot run or store that way is refused."""
+    profile = inplace_profile(profile, plan.inplace)
     if not plan.encodings:
         return profile, plan
     setting = "lossy" if set(plan.encodings.values()) & set(LOSSY) else "lossless"
@@ -400,10 +422,13 @@ def encoded_plan(profile: Profile, plan: Plan) -> tuple[Profile, Plan]:
 
 
 def footprint(profile: Profile, setting: str) -> tuple[int, int]:
-    """(in-core peak bytes, in-core peak bytes with every ``setting`` encoding): Gist's
-    measure, every map kept."""
+    """(in-core peak bytes, in-core peak bytes with every ``setting`` encoding and the
+    in-place ReLUs): Gist's measure, every map kept."""
+    if check_setting(setting) == "none":
+        return profile.incore_peak_bytes, profile.incore_peak_bytes
+    base = lossless_base(profile)
     return profile.incore_peak_bytes, encoded_profile(
-        profile, candidates(profile, setting)).incore_peak_bytes
+        base, candidates(base, setting)).incore_peak_bytes
 
 
 @dataclass(frozen=True)

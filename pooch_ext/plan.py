@@ -81,6 +81,9 @@ class Plan:
     # pooch_ext/encodings.py); its class is its encoded form's (keep: encode, swap: encode +
     # swap), which the schedule names by the encoded form's id
     encodings: dict[int, str] = field(default_factory=dict)
+    # forward ops that write their output over their input (Gist's in-place ReLU,
+    # pooch_ext/inplace.py)
+    inplace: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         bad = {c for c in self.classes.values() if c not in CLASSES}
@@ -91,6 +94,7 @@ class Plan:
                              f"known: {', '.join(SWAP_IN_TIMINGS)}")
         self.classes = {int(t): c for t, c in self.classes.items()}
         self.configs = {int(k): int(p) for k, p in self.configs.items()}
+        self.inplace = sorted(int(k) for k in self.inplace)
         if any(p < 1 for p in self.configs.values()):
             raise ValueError(f"a configuration runs in at least one piece: {self.configs}")
 
@@ -109,6 +113,8 @@ class Plan:
         table["policy"] = self.policy
         table["swap_in_timing"] = self.swap_in_timing
         table["configs"] = format_configs(self.configs)
+        if self.inplace:
+            table["inplace"] = " ".join(str(k) for k in sorted(self.inplace))
         table.to_csv(path, index=False)
         return path
 
@@ -139,8 +145,11 @@ class Plan:
                       if "swap_in_timing" in table and len(table) else "early")
             configs = (parse_configs(table["configs"].iloc[0])
                        if "configs" in table and len(table) else {})
+            inplace = (sorted(int(k) for k in str(table["inplace"].iloc[0]).split())
+                       if "inplace" in table and len(table) and table["inplace"].notna().iloc[0]
+                       else [])
             return cls(policy=policy, classes=classes, swap_in_timing=timing, table=table,
-                       configs=configs, encodings=encodings)
+                       configs=configs, encodings=encodings, inplace=inplace)
         except ValueError as error:
             raise PoochError(f"{path}: {error}") from None
 

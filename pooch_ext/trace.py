@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from pooch_ext.builder import ProfileBuilder
+from pooch_ext.inplace import ALONE
 from pooch_ext.links import Link
 from pooch_ext.profile import Device
 
@@ -45,6 +46,8 @@ class OpRecord:
     differentiable: list[int]  # positions in ``inputs`` that require grad
     attrs: dict[str, Any]      # scalar attributes of the function node (stride, pad, ...)
     param_ids: list[int] = field(default_factory=list)   # GraphTrace.params, as ``params``
+    # nothing but its Variable referred to its one input array (pooch_ext/inplace.py)
+    input_alone: bool = False
 
 
 @dataclass
@@ -109,7 +112,8 @@ class GraphTrace:
         costs (duration_s, backward_s, transient_bytes, backward_transient_bytes, saved_bytes).
         ``batch_scale(shape) -> shape`` rewrites tensor shapes (e.g. to a larger batch)."""
         scale = batch_scale or (lambda shape: shape)
-        builder = ProfileBuilder(device, link, dict(meta or {}))
+        builder = ProfileBuilder(device, link, {
+            **(meta or {}), ALONE: [k for k, op in enumerate(self.ops) if op.input_alone]})
         declared: set[int] = set()
         for op in self.ops:
             for tid in op.inputs:

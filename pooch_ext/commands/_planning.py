@@ -65,6 +65,8 @@ def summary(profile: Profile, plan: Plan) -> dict:
         # maps stored encoded, per codec (their forms are counted as keep / swap above)
         "encoded": {codec: list(plan.encodings.values()).count(codec)
                     for codec in sorted(set(plan.encodings.values()))},
+        # forward ReLUs that write over their input (Gist's in-place, pooch_ext/inplace.py)
+        "inplace": len(plan.inplace),
         "swap_in_timing": plan.swap_in_timing,
         "stall_s": float(plan.timeline.total_stall_s) if plan.timeline is not None else 0.0,
         "classify_seconds": float(plan.classify_seconds),
@@ -104,7 +106,8 @@ def emit(info: dict, as_json: bool, extra_lines: list[str] = ()) -> None:
     print(f"feature maps     keep {counts['keep']}, swap {counts['swap']}, "
           f"recompute {counts['recompute']}" + (
               "; stored encoded: " + ", ".join(f"{n} {codec}" for codec, n in encoded.items())
-              if encoded else ""))
+              if encoded else "") + (f"; {info['inplace']} ReLUs in place"
+                                     if info.get("inplace") else ""))
     if "simulate_seconds" in info:      # a plan read from a file: no classification
         print(f"simulated in     {info['simulate_seconds']:.2f} s")
     else:
