@@ -2,7 +2,8 @@
 what they add to PoocH on the paper's x86 (PCIe gen3) and POWER9 (NVLink 2.0) hosts.
 
 reduction.csv: one row per network and setting (``lossless``: Gist's lossless techniques,
-binarize + sparse + in-place ReLUs; ``lossless+dpr``: also fp16 stashes), the in-core peak
+binarize + sparse + in-place ReLUs; ``lossless+dpr``: also fp16 stashes; ``lossless+dpr8``:
+also fp8 stashes, Gist's 1-4-3 floats), the in-core peak
 (Gist's footprint: everything the iteration holds at once, every map kept) without and with
 every encoding and in-place ReLU the rules allow, and their ratio (``reduction``, Gist's
 MFR; ``reduction_without_inplace``: the encodings alone). pooch.csv: ResNet-50 b512 and VGG-16 b256 on a
@@ -33,7 +34,7 @@ from pooch_ext.sim.budgets import minimum_budget
 
 OUT = common.RESULTS / "gist"
 NETWORKS = (("vgg16", 256), ("alexnet", 2048), ("resnet50", 512), ("small-resnet", 128))
-SETTINGS = {"lossless": "lossless", "lossless+dpr": "lossy"}
+SETTINGS = {"lossless": "lossless", "lossless+dpr": "lossy", "lossless+dpr8": "lossy-fp8"}
 POOCH_NETWORKS = (("resnet50", 512), ("vgg16", 256))
 FRACTIONS = (0.0, 0.25, 0.5)
 GiB = 2 ** 30
@@ -107,7 +108,8 @@ def plot(reduction: pd.DataFrame, path) -> None:
     alone = reduction[reduction.setting == "lossless"].set_index("network")
     bars = pd.DataFrame({"binarize + sparse": alone["reduction_without_inplace"],
                          "lossless (+ in-place ReLU)": wide["lossless"],
-                         "lossless + DPR (fp16)": wide["lossless+dpr"]})
+                         "lossless + DPR (fp16)": wide["lossless+dpr"],
+                         "lossless + DPR (fp8)": wide["lossless+dpr8"]})
     ax = bars.plot.bar(figsize=(7, 3.8), rot=0)
     ax.axhline(1.0, color="black", lw=0.8)
     ax.axhline(1.5, color="gray", lw=0.8, ls="--")

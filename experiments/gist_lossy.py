@@ -1,17 +1,18 @@
-"""What fp16 stashes (Gist's delayed precision reduction, ``PoocH(encodings="lossy")``) do to
-training, measured on the CPU device (issue 16).
+"""What fp16 and fp8 stashes (Gist's delayed precision reduction, ``PoocH(encodings="lossy")``
+and ``"lossy-fp8"``) do to training, measured on the CPU device (issue 16).
 
-The same network, data and seed trained three times: plain Chainer, PoocH with lossless
-encodings and PoocH with lossy ones. Both PoocH runs use the swap-all policy over a slow
-emulated link (5 MB/s), where every encoding pays for itself, so the plan stores every map
-it can encoded: the worst case for the lossy run (with pooch's own plan, fewer maps are
-encoded, or none). The forward pass is unchanged by construction (maps are encoded after
-their last forward use), so only the gradients see fp16 values. The data is the demo's
-teacher task (labels a fixed linear map of the pooled pixels decides), so the loss falls.
+The same network, data and seed trained four times: plain Chainer, PoocH with lossless
+encodings, with fp16 stashes and with fp8 ones (Gist's 1-4-3 format). The PoocH runs use the
+swap-all policy over a slow emulated link (5 MB/s), where every encoding pays for itself, so
+the plan stores every map it can encoded: the worst case for the lossy runs (with pooch's
+own plan, fewer maps are encoded, or none). The forward pass is unchanged by construction
+(maps are encoded after their last forward use), so only the gradients see fp16 / fp8 values.
+The data is the demo's teacher task (labels a fixed linear map of the pooled pixels
+decides), so the loss falls.
 
 Writes <out>/lossy.csv (loss per iteration of each run) and <out>/lossy.png, and prints which
 maps were encoded how, whether the lossless run is bit-identical to plain, and how far the
-lossy run's losses drift.
+lossy runs' losses drift.
 
     OPENBLAS_NUM_THREADS=1 .venv/bin/python experiments/gist_lossy.py [--iters 300] [--out-dir ...]
 
@@ -35,6 +36,7 @@ from pooch_ext.testing import ConvNet, model_state, states_equal, train
 OUT = common.RESULTS / "gist"
 SLOW = Link("slow", 5e6, 5e6)
 CLASSES = 10
+SETTINGS = ("lossless", "lossy", "lossy-fp8")
 
 
 def run(batches: list, lr: float, pooch: dict | None = None) -> tuple:
@@ -54,7 +56,7 @@ def losses(iters: int, batch: int, side: int, lr: float) -> tuple[pd.DataFrame, 
     plain, plain_state = run(batches, lr)
     table = pd.DataFrame({"iteration": range(iters), "plain": plain.losses})
     info = {}
-    for setting in ("lossless", "lossy"):
+    for setting in SETTINGS:
         under, state = run(batches, lr, dict(
             profile_iters=2, verbose=False, device=CpuDevice(), policy="swap-all",
             encodings=setting, link=SLOW))
@@ -67,15 +69,20 @@ def losses(iters: int, batch: int, side: int, lr: float) -> tuple[pd.DataFrame, 
 
 def plot(table: pd.DataFrame, path) -> None:
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(6.5, 5), sharex=True)
-    for column, style in (("plain", "-"), ("lossless", "--"), ("lossy", ":")):
-        top.plot(table.iteration, table[column], style, label=column)
+    for column, style in (("plain", "-"), ("lossless", "--"), ("lossy", ":"),
+                          ("lossy-fp8", "-.")):
+        top.plot(table.iteration, table[column], style,
+                 label={"lossy": "fp16", "lossy-fp8": "fp8"}.get(column, column))
     top.set_ylabel("training loss")
     top.legend()
-    bottom.plot(table.iteration, table.lossy - table.plain, color="tab:red")
+    for column, color in (("lossy", "tab:red"), ("lossy-fp8", "tab:purple")):
+        bottom.plot(table.iteration, table[column] - table.plain, color=color,
+                    label={"lossy": "fp16", "lossy-fp8": "fp8"}[column])
     bottom.axhline(0.0, color="black", lw=0.8)
-    bottom.set_ylabel("lossy - plain")
+    bottom.set_ylabel("stash - plain")
     bottom.set_xlabel("iteration")
-    top.set_title("fp16 stashes (Gist's DPR) on the CPU device")
+    bottom.legend()
+    top.set_title("fp16 and fp8 stashes (Gist's DPR) on the CPU device")
     common.save(fig, path)
 
 
@@ -95,11 +102,12 @@ def main(argv: list[str] | None = None) -> int:
     for setting, what in info.items():
         print(f"{setting}: encodings {what['encodings']}; bit-identical to plain: "
               f"{what['identical']}")
-    drift = (table.lossy - table.plain).abs()
     tail = max(1, len(table) // 10)
-    print(f"lossy - plain: largest |difference| {drift.max():.2e}; mean loss over the last "
-          f"{tail} iterations: plain {table.plain.iloc[-tail:].mean():.4f}, lossy "
-          f"{table.lossy.iloc[-tail:].mean():.4f}, lossless {table.lossless.iloc[-tail:].mean():.4f}")
+    for column in ("lossy", "lossy-fp8"):
+        drift = (table[column] - table.plain).abs()
+        print(f"{column} - plain: largest |difference| {drift.max():.2e}")
+    print(f"mean loss over the last {tail} iterations: " + ", ".join(
+        f"{c} {table[c].iloc[-tail:].mean():.4f}" for c in ("plain",) + SETTINGS))
     return 0 if info["lossless"]["identical"] else 1
 
 

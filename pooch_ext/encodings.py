@@ -8,7 +8,8 @@ stored in a smaller form between its last forward use and its first backward use
 * ``sparse`` (lossless, Gist's SSDC): the nonzero elements and a bitmap of where they are;
   any map, worth it where most elements are zero (ReLU outputs feeding a convolution).
   "Nonzero" compares the elements' bits, so -0.0 and NaN come back exactly.
-* ``fp16`` (lossy, Gist's delayed precision reduction): opt-in only.
+* ``fp16`` and ``fp8`` (lossy, Gist's delayed precision reduction; fp8 is Gist's 1-4-3
+  format): opt-in only (settings "lossy" and "lossy-fp8").
 
 How the planner sees an encoded map: the profile is rewritten (``encoded_profile``) so that
 the map becomes an intermediate that its last forward reader frees, and a new feature map,
@@ -23,8 +24,9 @@ over the link). The executor carries it out with two more actions (hooks/codecs.
 hooks/map_actions.py). The encoded form cannot be recomputed; a map whose recompute chain
 reads an encoded map is not recomputed either (the chain would need the decoded map).
 
-This module is the one home of the codecs' sizes and of which map may take which encoding;
-hooks/codecs.py produces exactly these sizes (tests/test_encodings.py).
+This module is the one home of which map may take which encoding; pooch_ext/codec_sizes.py
+of the memory each codec takes, which hooks/codecs.py allocates exactly
+(tests/test_encodings.py).
 """
 from __future__ import annotations
 
@@ -37,14 +39,14 @@ import numpy as np
 import pandas as pd
 
 from pooch_ext.errors import PoochError
+from pooch_ext.codec_sizes import (CODECS, LOSSLESS, LOSSY, decoded_bytes, encoded_bytes,
+                                   scratch_bytes)
 from pooch_ext.inplace import inplace_of, inplace_ops, inplace_profile
 from pooch_ext.plan import ENCODED_CLASSES, Plan
 from pooch_ext.profile import Profile
 
-LOSSLESS = ("binarize", "sparse")
-LOSSY = ("fp16",)
-CODECS = LOSSLESS + LOSSY
-SETTINGS = ("none", "lossless", "lossy")
+SETTINGS = ("none", "lossless", "lossy", "lossy-fp8")
+LOSSY_CODEC = {"lossy": "fp16", "lossy-fp8": "fp8"}    # the narrower stash each allows
 FLOATS = ("float16", "float32", "float64")
 # analytic profiles: the fraction of a ReLU output's elements that are nonzero (half: the
 # least sparse Gist reports for ReLU outputs); measured profiles count them ("nonzero")
@@ -52,62 +54,19 @@ RELU_NONZERO = 0.5
 NONZERO_MARGIN = 0.05   # of the elements, above the most seen while profiling
 # an encoding is offered only where it saves at least this fraction of the map
 LEAST_SAVING = 0.25
-# elements hooks/codecs.py encodes and decodes at once (a multiple of 8: whole mask bytes)
-CODEC_CHUNK = 1 << 22
 WHY_ENCODED = "an encoded form: decoded, never recomputed"
-
-
-def mask_bytes(n: int) -> int:
-    """Bytes of a one-bit-per-element mask, padded to 8 bytes so the values after it are
-    aligned for any dtype."""
-    return (int(n) + 63) // 64 * 8
-
-
-def encoded_bytes(codec: str, n: int, itemsize: int, nonzero: int) -> int:
-    """Bytes of ``codec``'s form of ``n`` elements of ``itemsize`` bytes, ``nonzero`` of
-    them nonzero."""
-    if codec == "binarize":
-        return mask_bytes(n)
-    if codec == "sparse":
-        return mask_bytes(n) + int(nonzero) * int(itemsize)
-    if codec == "fp16":
-        return 2 * int(n)
-    raise PoochError(f"unknown encoding {codec!r}; known: {', '.join(CODECS)}")
-
-
-def unpacked_bytes(n: int) -> int:
-    """Bytes of a mask unpacked to one byte per element (``unpackbits`` of whole bytes)."""
-    return (int(n) + 7) // 8 * 8
-
-
-def decoded_bytes(codec: str, n: int, itemsize: int) -> int:
-    """Bytes of the map ``codec`` gives back for backward: a binarized map's unpacked mask
-    (all ReLU's backward reads), else the map itself."""
-    return unpacked_bytes(n) if codec == "binarize" else int(n) * int(itemsize)
-
-
-def scratch_bytes(codec: str, n: int, itemsize: int, nonzero: int) -> tuple[int, int]:
-    """(encode, decode) scratch beyond the forms at their peak, as hooks/codecs.py allocates
-    it, one chunk of ``CODEC_CHUNK`` elements at a time: encoding, the chunk's one-byte mask
-    beside its packed bits or (sparse) its gathered values; decoding a sparse map, the
-    chunk's unpacked mask (a binarized map's unpacked mask is its decoded form). Exact for a
-    map of one chunk; for more, the values of one chunk are bounded by all of them."""
-    if codec == "fp16":
-        return 0, 0
-    chunk = min(int(n), CODEC_CHUNK)
-    if codec == "binarize":
-        return chunk + (chunk + 7) // 8, 0
-    gathered = min(int(nonzero), chunk) * int(itemsize)
-    return chunk + max((chunk + 7) // 8, gathered), unpacked_bytes(chunk)
 
 
 def codecs_of(setting: str) -> tuple[str, ...]:
     """The codecs a setting allows."""
-    return {"none": (), "lossless": LOSSLESS, "lossy": CODECS}[check_setting(setting)]
+    setting = check_setting(setting)
+    return LOSSLESS + (LOSSY_CODEC[setting],) if setting in LOSSY_CODEC else \
+        LOSSLESS if setting == "lossless" else ()
 
 
 def check_setting(setting: str | None) -> str:
-    """'none' (None too: PoocH's default), 'lossless' or 'lossy' (lossless + fp16 stashes)."""
+    """'none' (None too: PoocH's default), 'lossless', 'lossy' (lossless + fp16 stashes) or
+    'lossy-fp8' (lossless + fp8 stashes)."""
     setting = "none" if setting is None else setting
     if setting not in SETTINGS:
         raise PoochError(f"unknown encodings setting {setting!r}; known: {', '.join(SETTINGS)}")
@@ -149,8 +108,9 @@ def candidates(profile: Profile, setting: str = "lossless") -> pd.DataFrame:
         if names[row.producer] == "ReLU" and \
                 list(row.bwd_consumers) == [backward_of.get(row.producer, -2)]:
             allowed.append("binarize")
-        if setting == "lossy" and row.dtype != "float16":
-            allowed.append("fp16")
+        narrow = LOSSY_CODEC.get(setting)
+        if narrow and not (narrow == "fp16" and row.dtype == "float16"):
+            allowed.append(narrow)
         nonzero_elements = round(fraction * n)
         sizes = {c: encoded_bytes(c, n, itemsize, nonzero_elements) for c in allowed}
         codec = min(allowed, key=lambda c: (sizes[c], CODECS.index(c)))
@@ -319,10 +279,10 @@ def choices(table: pd.DataFrame) -> list[pd.DataFrame]:
 
 def setting_choices(profile: Profile, setting: str) -> list[pd.DataFrame]:
     """The encoding sets ``classify`` tries for ``setting``: ``choices`` of its candidates;
-    "lossy" also tries the lossless sets, whose sparse maps its candidates store as fp16
-    where that is smaller, so that allowing fp16 never gives a slower plan."""
+    a lossy setting also tries the lossless sets, whose sparse maps its candidates store as
+    fp16 or fp8 where that is smaller, so that allowing them never gives a slower plan."""
     sets = choices(candidates(profile, setting))
-    if check_setting(setting) == "lossy":
+    if check_setting(setting) in LOSSY_CODEC:
         sets = _unique(choices(candidates(profile, "lossless")) + sets)
     return sets
 
@@ -407,7 +367,8 @@ def encoded_plan(profile: Profile, plan: Plan) -> tuple[Profile, Plan]:
     profile = inplace_profile(profile, plan.inplace)
     if not plan.encodings:
         return profile, plan
-    setting = "lossy" if set(plan.encodings.values()) & set(LOSSY) else "lossless"
+    narrow = set(plan.encodings.values()) & set(LOSSY)
+    setting = next((s for s, c in LOSSY_CODEC.items() if c in narrow), "lossless")
     allowed = candidates(profile, setting).set_index("tensor", drop=False)
     for t, codec in sorted(plan.encodings.items()):
         if t not in allowed.index or allowed.at[t, "codec"] != codec:

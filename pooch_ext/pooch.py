@@ -26,7 +26,7 @@ plain Chainer.
 
 With ``comm`` (a ChainerMN communicator) every decision is made on rank 0 from all ranks'
 profiles and handed to every rank (pooch_ext/distributed.py). ``encodings="lossless"`` lets
-the plan store maps encoded (Gist, pooch_ext/encodings.py); "lossy" also in fp16 (opt-in).
+the plan store maps encoded and run ReLUs in place (Gist); "lossy(-fp8)": fp16 (fp8) too.
 Variables the user's code holds keep their arrays (only the graph's references are dropped);
 the profile measures how long they are held and plans count them as kept for that long.
 """
@@ -99,7 +99,7 @@ class PoocH(PoochResults):
         self.policy = policy
         self.verbose = verbose
         self.split_convolutions = bool(split_convolutions)
-        self.encodings = check_setting(encodings)   # "none", "lossless" or "lossy"
+        self.encodings = check_setting(encodings)   # one of encodings.SETTINGS
         # data-parallel ranks (a ChainerMN communicator): rank 0 decides for all of them
         self.ranks = Ranks(comm) if comm is not None else None
         self._allreduce: AllreduceMeter | None = None

@@ -3,12 +3,13 @@ planner sees, the search over encoding sets, and bit-identical training with the
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from pooch_ext import cli, encodings
+from pooch_ext import cli, codec_sizes, encodings
 from pooch_ext.analytic.tracing import analytic_profile
 from pooch_ext.errors import PoochError
 from pooch_ext.hooks import codecs, cpu_memory, relu_mask
@@ -36,11 +37,12 @@ def test_codecs_give_back_what_backward_reads_in_exactly_the_planned_bytes(dtype
     for codec in encodings.CODECS:
         blob = codecs.encode(codec, x)
         assert blob.dtype == np.uint8 and blob.ndim == 1
-        assert blob.size == encodings.encoded_bytes(codec, x.size, x.itemsize, nonzero)
+        assert blob.size == codec_sizes.encoded_bytes(codec, x.size, x.itemsize, nonzero)
         y = codecs.decode(codec, blob, x.shape, x.dtype, x.strides)
         assert y.shape == x.shape
         assert y.dtype == (bool if codec == "binarize" else x.dtype)
-        assert np.array_equal(y > 0, x > 0)
+        if codec != "fp8":          # fp8 clamps inf and NaN (its own test below)
+            assert np.array_equal(y > 0, x > 0)
     exact = codecs.decode("sparse", codecs.encode("sparse", x), x.shape, x.dtype, x.strides)
     assert exact.tobytes() == x.tobytes()
     for other in (x.transpose(0, 2, 1, 3), x[:, :, ::2]):      # axes moved; not dense
@@ -49,7 +51,7 @@ def test_codecs_give_back_what_backward_reads_in_exactly_the_planned_bytes(dtype
         assert again.tobytes() == other.tobytes()
 
 
-@pytest.mark.parametrize("chunk", [encodings.CODEC_CHUNK, 64])
+@pytest.mark.parametrize("chunk", [codec_sizes.CODEC_CHUNK, 64])
 @pytest.mark.parametrize("shape", [(3, 5, 7), (64, 3, 33, 17)])
 @pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
 def test_each_codec_step_takes_exactly_the_memory_the_planner_models(dtype, shape, chunk,
@@ -58,7 +60,7 @@ def test_each_codec_step_takes_exactly_the_memory_the_planner_models(dtype, shap
     scratch, decoding at the decoded form plus its scratch (a binarized map: its mask);
     exactly for a map of one chunk, at most that for more. A map with its axes moved (as
     Chainer's CPU convolution makes them) is not copied, and comes back laid out the same."""
-    monkeypatch.setattr(encodings, "CODEC_CHUNK", chunk)
+    monkeypatch.setattr(codec_sizes, "CODEC_CHUNK", chunk)
     counter = cpu_memory.counter()
     assert counter is not None, cpu_memory.failure
     x = np.maximum(np.random.default_rng(1).standard_normal(shape[::-1]), 0).astype(dtype)
@@ -66,7 +68,7 @@ def test_each_codec_step_takes_exactly_the_memory_the_planner_models(dtype, shap
     n, nonzero = x.size, int(codecs.nonzero_bits(x.copy()).sum())
     one_chunk = n <= chunk
     for codec in encodings.CODECS:
-        encode_scratch, decode_scratch = encodings.scratch_bytes(codec, n, x.itemsize, nonzero)
+        encode_scratch, decode_scratch = codec_sizes.scratch_bytes(codec, n, x.itemsize, nonzero)
         was = counter.use(True)
         try:
             counter.begin()
@@ -78,10 +80,15 @@ def test_each_codec_step_takes_exactly_the_memory_the_planner_models(dtype, shap
             decode_peak, decoded_bytes = counter.peak() - blob_bytes, counter.live() - blob_bytes
         finally:
             counter.use(was)
-        assert blob_bytes == encodings.encoded_bytes(codec, n, x.itemsize, nonzero)
-        assert decoded_bytes == encodings.decoded_bytes(codec, n, x.itemsize)
+        assert blob_bytes == codec_sizes.encoded_bytes(codec, n, x.itemsize, nonzero)
+        assert decoded_bytes == codec_sizes.decoded_bytes(codec, n, x.itemsize)
         assert decoded.nbytes <= decoded_bytes
-        if one_chunk:
+        if codec == "fp8":
+            # a bound: the small constants NumPy makes for its bit operations come and go
+            assert blob_bytes + encode_scratch - codec_sizes.FP8_CONSTANTS <= encode_peak \
+                <= blob_bytes + encode_scratch
+            assert decode_peak <= decoded_bytes + decode_scratch
+        elif one_chunk:
             assert encode_peak == blob_bytes + encode_scratch
             assert decode_peak == decoded_bytes + decode_scratch
         else:
@@ -92,6 +99,35 @@ def test_each_codec_step_takes_exactly_the_memory_the_planner_models(dtype, shap
             assert decoded.tobytes(order="A") == x.tobytes(order="A")
         elif codec == "binarize":
             assert np.array_equal(decoded, x > 0)
+
+
+def _fp8_reference(value: float) -> float:
+    """Gist's 1-4-3 float, one value at a time: round to nearest even at 3 mantissa bits, no
+    denormals (below the smallest normal: zero), clamped at +-480 (inf and NaN too)."""
+    if value == 0 or (math.isfinite(value) and abs(value) < 2.0 ** -6 * (1 - 2.0 ** -5)):
+        return math.copysign(0.0, value)
+    if not math.isfinite(value) or abs(value) >= 480 * (1 + 2.0 ** -5):
+        return math.copysign(480.0, value)
+    mantissa, exponent = math.frexp(abs(value))          # value = mantissa * 2**exponent
+    steps = round(mantissa * 16)                           # 8..16: nearest even (Python's round)
+    result = math.ldexp(steps / 16, exponent)
+    if result < 2.0 ** -6:
+        return math.copysign(0.0, value)
+    return math.copysign(min(result, 480.0), value)
+
+
+def test_fp8_is_gists_one_four_three_float_rounded_to_nearest_even():
+    rng = np.random.default_rng(3)
+    x = np.concatenate([
+        rng.standard_normal(2000) * 10.0 ** rng.uniform(-3, 3, 2000),
+        [0.0, -0.0, 480.0, 500.0, -1e9, np.inf, -np.inf, np.nan, 2.0 ** -6, 2.0 ** -7,
+         1.0625, 1.1875, 1.0 + 1 / 16 + 1e-6, 0.015, 0.0155]]).astype(np.float32)
+    blob = codecs.encode("fp8", x)
+    assert blob.dtype == np.uint8 and blob.size == x.size
+    back = codecs.decode("fp8", blob, x.shape, np.float32, x.strides)
+    expected = np.array([_fp8_reference(float(v)) for v in x], np.float32)
+    assert np.array_equal(np.signbit(back[x != 0]), np.signbit(expected[x != 0]))
+    assert np.array_equal(back, expected)
 
 
 def relu_grads_with_and_without_the_mask(xp) -> tuple:
@@ -126,7 +162,7 @@ def test_relu_backward_from_the_mask_gives_chainers_bits():
 
 def test_an_unknown_codec_or_setting_is_refused_by_name():
     with pytest.raises(PoochError, match="unknown encoding 'zip'"):
-        encodings.encoded_bytes("zip", 10, 4, 5)
+        codec_sizes.encoded_bytes("zip", 10, 4, 5)
     with pytest.raises(PoochError, match="known: none, lossless, lossy"):
         encodings.check_setting("fast")
 

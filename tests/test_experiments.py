@@ -347,9 +347,10 @@ def test_gist_encodings(tmp_path):
                       "--pooch", "small-resnet:32"]) == 0
     outputs = check_outputs(tmp_path, ["reduction.csv", "pooch.csv"], ["reduction.png"])
     reduction = outputs["reduction.csv"].set_index("setting")
-    assert list(reduction.index) == ["lossless", "lossless+dpr"]
+    assert list(reduction.index) == ["lossless", "lossless+dpr", "lossless+dpr8"]
     assert (reduction.reduction > 1).all()
-    assert reduction.reduction["lossless+dpr"] >= reduction.reduction["lossless"]
+    assert reduction.reduction["lossless+dpr8"] >= reduction.reduction["lossless+dpr"] >= \
+        reduction.reduction["lossless"] >= reduction.reduction_without_inplace["lossless"]
     assert (reduction.reduction == (reduction.incore_bytes / reduction.encoded_bytes).round(3)).all()
     table = outputs["pooch.csv"]
     assert table.feasible.all() and len(table) == 2 * 2 * 3   # links x budgets x with/without
@@ -367,7 +368,8 @@ def test_gist_lossy(tmp_path):
     assert gist_lossy.main(["--out-dir", str(tmp_path), "--iters", "6", "--batch", "4",
                             "--side", "8"]) == 0
     table = check_outputs(tmp_path, ["lossy.csv"], ["lossy.png"])["lossy.csv"]
-    assert list(table.columns) == ["iteration", "plain", "lossless", "lossy"] and len(table) == 6
-    assert (table.lossless == table.plain).all()
-    # the forward pass is exact under fp16 stashes: the first loss, before any update, agrees
-    assert table.lossy.iloc[0] == table.plain.iloc[0]
+    assert list(table.columns) == ["iteration", "plain", "lossless", "lossy", "lossy-fp8"]
+    assert len(table) == 6 and (table.lossless == table.plain).all()
+    # the forward pass is exact under fp16 / fp8 stashes: the first loss, before any update,
+    # agrees
+    assert table.lossy.iloc[0] == table["lossy-fp8"].iloc[0] == table.plain.iloc[0]
