@@ -130,6 +130,14 @@ def test_fp8_is_gists_one_four_three_float_rounded_to_nearest_even():
     assert np.array_equal(back, expected)
 
 
+def special_values() -> tuple[np.ndarray, np.ndarray]:
+    """(x, gy): float32 inputs and gradients that hold every special value, each beside
+    every other."""
+    special = [-0.0, 0.0, np.nan, np.inf, -np.inf, -1.0, 2.5, 1e-40]
+    return (np.array(special * 8, np.float32).reshape(8, 8),
+            np.array(np.roll(special * 8, 3), np.float32).reshape(8, 8))
+
+
 def relu_grads_with_and_without_the_mask(xp) -> tuple:
     """(x.grad of Chainer's ReLU, x.grad with the node reading a binarized mask), for
     inputs and gradients that hold every special value."""
@@ -137,9 +145,7 @@ def relu_grads_with_and_without_the_mask(xp) -> tuple:
     import chainer.functions as F
     from pooch_ext.hooks.chainer_refs import set_retained_outputs
     from pooch_ext.hooks.relu_mask import read_mask
-    special = [-0.0, 0.0, np.nan, np.inf, -np.inf, -1.0, 2.5, 1e-40]
-    x = np.array(special * 4, np.float32).reshape(4, 8)
-    gy = np.array(np.roll(special * 4, 3), np.float32).reshape(4, 8)
+    x, gy = special_values()
     grads = []
     for masked in (False, True):
         v = chainer.Variable(xp.asarray(x))

@@ -14,7 +14,7 @@ from pooch_ext import encodings, inplace
 from pooch_ext.analytic.tracing import analytic_profile, profile_from_trace, trace_network
 from pooch_ext.errors import PoochError
 from pooch_ext.hooks.cpu_device import CpuDevice
-from pooch_ext.hooks.inplace_relu import alone
+from pooch_ext.hooks.inplace_relu import alone, as_chainer, write_over_input
 from pooch_ext.sim.budgets import budget_between
 from pooch_ext.testing import ConvNet, states_equal, synthetic_batches, trained
 
@@ -64,6 +64,43 @@ def test_only_an_array_nothing_else_refers_to_may_be_written_over():
     assert not _alone_at_relu(share_with_a_living_variable)         # two Variables, one array
     assert not _alone_at_relu(lambda: conv(x)[:, :2])               # a view of part of it
     assert not _alone_at_relu(lambda: chainer.Variable(x))          # the caller's own array
+
+
+def relu_with_and_without_writing_over(xp) -> tuple:
+    """(y and x.grad bytes of Chainer's ReLU, the same with the ReLU writing over its input)
+    for inputs and gradients that hold every special value."""
+    from tests.test_encodings import special_values
+    x, gy = special_values()
+    results = []
+    for over in (False, True):
+        v = chainer.Variable(xp.asarray(x))
+        inputs: list = []
+
+        class Over(chainer.FunctionHook):
+            name = "test_over"
+
+            def forward_preprocess(self, function, in_data):
+                if over and type(function).__name__ == "ReLU":   # noqa: B023 - run at once
+                    write_over_input(function)
+                    inputs.append(in_data[0])                      # noqa: B023
+
+            def forward_postprocess(self, function, in_data):
+                as_chainer(function)
+
+        with Over():
+            y = F.relu(v * 1)            # its input a temporary it may write over
+        # written over its input, or not at all
+        assert (len(inputs) == 1 and y.array is inputs[0]) if over else not inputs
+        inputs.clear()
+        y.grad = xp.asarray(gy)
+        y.backward()
+        results.append(tuple(chainer.backends.cuda.to_cpu(a).tobytes() for a in (y.array, v.grad)))
+    return tuple(results)
+
+
+def test_writing_over_the_input_gives_chainers_bits():
+    plain, over = relu_with_and_without_writing_over(np)
+    assert plain == over
 
 
 # ---------------------------------------------------------------- the planner's view
