@@ -74,7 +74,8 @@ class MapActions:
 
     def twin_of(self, tensor: int) -> int | None:
         """The id of ``tensor``'s encoded form; None if the program does not encode it."""
-        return next((t for t, info in self.encoded.items() if info.tensor == tensor), None)
+        program = self.executor.program
+        return None if program is None else program.twins.get(tensor)
 
     # ------------------------------------------------------------ references
     def node(self, tensor: int) -> Any:

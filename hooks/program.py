@@ -39,8 +39,10 @@ class Program:
     encoded: dict[int, Encoded] = field(default_factory=dict)
     # forward ops that write their output over their input (pooch_ext/inplace.py)
     inplace: frozenset[int] = frozenset()
+    twins: dict[int, int] = field(default_factory=dict)   # encoded map -> its encoded form
 
     def __post_init__(self) -> None:
+        self.twins = {info.tensor: twin for twin, info in self.encoded.items()}
         if self.known_inputs:
             return
         for op in self.reference.ops:
