@@ -313,12 +313,14 @@ def classify(profile: Profile, classify_one: Callable[..., Plan], setting: str =
     nothing better than the plain profile, its plan: never slower than without encodings,
     and "lossy" never slower than "lossless"; and never slower than without the in-place
     ReLUs, though less memory does not always make the search find a faster plan. A set
-    whose plan does not fit is passed over; if none fits, the plain profile's plan (which
-    says why)."""
+    whose plan does not fit (or that ``classify_one`` refuses, a budget below its minimum
+    say) is passed over; if none fits, the plain profile's plan (which says why) or its
+    refusal."""
     if check_setting(setting) == "none":
         return profile, classify_one(profile, **kwargs)
     best: tuple[Profile, Plan] | None = None
-    plain_plan = None
+    plain_plan: Plan | None = None
+    refusal: PoochError | None = None
     base = lossless_base(profile)
     bases = [base] if base is profile else [base, profile]
     for chosen, on in [(None, profile)] + [(c, b) for c in setting_choices(base, setting)
@@ -326,9 +328,8 @@ def classify(profile: Profile, classify_one: Callable[..., Plan], setting: str =
         target = profile if chosen is None else encoded_profile(on, chosen)
         try:
             plan = classify_one(target, **kwargs)
-        except PoochError:
-            if chosen is None:
-                raise
+        except PoochError as error:
+            refusal = refusal if chosen is not None else error
             continue
         if chosen is None:
             plain_plan = plan
@@ -338,7 +339,9 @@ def classify(profile: Profile, classify_one: Callable[..., Plan], setting: str =
         if plan.feasible and (best is None or plan.iteration_time_s < best[1].iteration_time_s):
             best = (target, plan)
     if best is None:
-        assert plain_plan is not None
+        if plain_plan is None:
+            assert refusal is not None
+            raise refusal
         return profile, plain_plan
     four_class_table(best[1], best[0])
     return best

@@ -12,8 +12,9 @@ import chainer.links as L
 
 from pooch_ext import encodings, inplace
 from pooch_ext.analytic.tracing import analytic_profile, profile_from_trace, trace_network
-from pooch_ext.errors import PoochError
+from pooch_ext.errors import BudgetTooSmallError, PoochError
 from pooch_ext.hooks.cpu_device import CpuDevice
+from pooch_ext.policies import get_policy
 from pooch_ext.hooks.inplace_relu import alone, as_chainer, write_over_input
 from pooch_ext.sim.budgets import budget_between
 from pooch_ext.testing import ConvNet, states_equal, synthetic_batches, trained
@@ -142,6 +143,11 @@ def test_the_rule_takes_only_relus_whose_input_nothing_reads_or_holds_after():
         inplace.inplace_profile(profile, [int(relus.op.iloc[1])])
 
 
+@pytest.fixture(scope="module")
+def vgg_small():
+    return analytic_profile("vgg16", batch=16, conv="cudnn")
+
+
 def test_in_place_relus_lower_vgg16s_footprint_beside_the_encodings():
     vgg = analytic_profile("vgg16", batch=256, conv="cudnn")
     ops = inplace.inplace_ops(vgg)
@@ -152,6 +158,30 @@ def test_in_place_relus_lower_vgg16s_footprint_beside_the_encodings():
     assert both.incore_peak_bytes < encoded.incore_peak_bytes
     assert encodings.footprint(vgg, "lossless") == (vgg.incore_peak_bytes,
                                                      both.incore_peak_bytes)
+
+
+def test_a_budget_only_the_lossless_profile_fits_gets_its_plan_not_a_refusal(vgg_small):
+    """classify_one refusing the plain profile (its minimum budget is above the budget, say)
+    leaves the encoded and in-place profiles to try; refused everywhere, the plain
+    profile's refusal is raised."""
+    pooch = get_policy("pooch").classify
+
+    def refuses_plain(target, **kwargs):
+        if target is vgg_small:
+            raise BudgetTooSmallError(kwargs["budget"], kwargs["budget"] + 1, "plain")
+        return pooch(target, **kwargs)
+
+    budget = budget_between(vgg_small, 0.2)
+    target, plan = encodings.classify(vgg_small, refuses_plain, "lossless", budget=budget,
+                                      link="pcie3")
+    assert target is not vgg_small and plan.feasible and plan.inplace
+
+    def refuses_all(target, **kwargs):
+        raise BudgetTooSmallError(kwargs["budget"], kwargs["budget"] + 1,
+                                  "plain" if target is vgg_small else "other")
+
+    with pytest.raises(BudgetTooSmallError, match="for plain"):
+        encodings.classify(vgg_small, refuses_all, "lossless", budget=budget, link="pcie3")
 
 
 # ---------------------------------------------------------------- training
