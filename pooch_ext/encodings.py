@@ -44,6 +44,7 @@ from pooch_ext.codec_sizes import (CODECS, LOSSLESS, LOSSY, decoded_bytes, encod
 from pooch_ext.inplace import inplace_of, inplace_ops, inplace_profile
 from pooch_ext.plan import ENCODED_CLASSES, Plan
 from pooch_ext.profile import Profile
+from pooch_ext.profile_format import format_shape
 
 SETTINGS = ("none", "lossless", "lossy", "lossy-fp8")
 LOSSY_CODEC = {"lossy": "fp16", "lossy-fp8": "fp8"}    # the narrower stash each allows
@@ -348,17 +349,29 @@ def classify(profile: Profile, classify_one: Callable[..., Plan], setting: str =
 
 
 def four_class_table(plan: Plan, target: Profile) -> None:
-    """The plan's classification table by map: an encoded map's row is its encoded form's,
-    class "encode" (kept encoded) or "encode+swap", with its codec in ``encoding``."""
+    """The plan's classification table by map: an encoded map's row says what the map is
+    (its producer, function, shape and bytes), its class "encode" (kept encoded) or
+    "encode+swap" with its codec in ``encoding`` and the form's bytes in ``encoded_bytes``;
+    its costs are the form's (what crosses the link)."""
     twins = {info.twin: info for info in encoded_maps(target).values()}
     table = plan.table
     if not len(table) or not twins:
         return
     table = table.copy()
-    codec = [twins[t].codec if t in twins else "" for t in table["tensor"]]
-    table["class"] = [ENCODED_CLASSES[c] if e else c for c, e in zip(table["class"], codec)]
-    table["encoding"] = codec
-    table["tensor"] = [twins[t].tensor if t in twins else t for t in table["tensor"]]
+    maps = target.tensors.set_index("tensor")
+    rows = [i for i, t in enumerate(table["tensor"]) if t in twins]
+    form_bytes = table["bytes"].to_numpy().copy()
+    for i in rows:
+        t = twins[int(table.at[i, "tensor"])].tensor
+        producer = int(maps.at[t, "producer"])
+        table.loc[i, ["tensor", "producer", "function", "label", "shape", "bytes"]] = [
+            t, producer, target.ops.at[producer, "name"], target.ops.at[producer, "label"],
+            format_shape(maps.at[t, "shape"]), int(maps.at[t, "bytes"])]
+        table.loc[i, "class"] = ENCODED_CLASSES[table.at[i, "class"]]
+    table["encoding"] = ""
+    table.loc[rows, "encoding"] = [twins[int(t)].codec for t in plan.table["tensor"].iloc[rows]]
+    table["encoded_bytes"] = pd.array([int(form_bytes[i]) if i in set(rows) else None
+                                       for i in range(len(table))], dtype="Int64")
     plan.table = table
 
 
@@ -373,6 +386,10 @@ def encoded_plan(profile: Profile, plan: Plan) -> tuple[Profile, Plan]:
     narrow = set(plan.encodings.values()) & set(LOSSY)
     setting = next((s for s, c in LOSSY_CODEC.items() if c in narrow), "lossless")
     allowed = candidates(profile, setting).set_index("tensor", drop=False)
+    unknown = sorted({c for c in plan.encodings.values() if c not in CODECS})
+    if unknown:
+        raise PoochError(f"the plan stores maps as {unknown[0]!r}, an unknown encoding; "
+                         f"known: {', '.join(CODECS)}")
     for t, codec in sorted(plan.encodings.items()):
         if t not in allowed.index or allowed.at[t, "codec"] != codec:
             why = (f"its encoding here is {allowed.at[t, 'codec']}" if t in allowed.index

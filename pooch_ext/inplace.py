@@ -65,10 +65,15 @@ def inplace_profile(profile: Profile, ops: list[int]) -> Profile:
         return profile
     allowed = set(inplace_ops(profile))
     refused = sorted(set(ops) - allowed)
+    n_fwd = int((profile.ops["phase"] == "forward").sum())
+    if refused and not 0 <= refused[0] < n_fwd:
+        raise PoochError(f"op {refused[0]} is not a forward op of this profile (ops 0 to "
+                         f"{n_fwd - 1}): only a forward ReLU may write over its input")
     if refused:
-        raise PoochError(f"op {refused[0]} cannot write over its input in this profile (only "
-                         "a ReLU whose input nothing else reads or holds): a plan runs on "
-                         "the profile it was made from")
+        raise PoochError(f"op {refused[0]} ({profile.ops.at[refused[0], 'name']}) cannot "
+                         "write over its input in this profile (only a ReLU whose input "
+                         "nothing else reads or holds): a plan runs on the profile it was "
+                         "made from")
     memory = profile.memory.copy()
     inputs = {int(profile.ops.at[k, "inputs"][0]): k for k in ops}
     moved = (memory["kind"] == "free") & memory["tensor"].isin(list(inputs))

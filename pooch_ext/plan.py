@@ -94,7 +94,7 @@ class Plan:
                              f"known: {', '.join(SWAP_IN_TIMINGS)}")
         self.classes = {int(t): c for t, c in self.classes.items()}
         self.configs = {int(k): int(p) for k, p in self.configs.items()}
-        self.inplace = sorted(int(k) for k in self.inplace)
+        self.inplace = sorted({int(k) for k in self.inplace})
         if any(p < 1 for p in self.configs.values()):
             raise ValueError(f"a configuration runs in at least one piece: {self.configs}")
 
@@ -138,20 +138,36 @@ class Plan:
             encodings = {} if codecs is None else {
                 t: codec for t, codec in zip(classes, codecs) if codec}
             form_class = {shown: form for form, shown in ENCODED_CLASSES.items()}
+            for t, c in classes.items():
+                if (c in form_class) != (t in encodings):
+                    raise ValueError(
+                        f"tensor {t} is {c} with encoding {encodings.get(t, '(none)')!r}: an "
+                        f"encoded map is {' or '.join(form_class)} and names its codec")
             for t in encodings:
-                classes[t] = form_class.get(classes[t], classes[t])
+                classes[t] = form_class[classes[t]]
             policy = str(table["policy"].iloc[0]) if "policy" in table and len(table) else "file"
             timing = (str(table["swap_in_timing"].iloc[0])
                       if "swap_in_timing" in table and len(table) else "early")
             configs = (parse_configs(table["configs"].iloc[0])
                        if "configs" in table and len(table) else {})
-            inplace = (sorted(int(k) for k in str(table["inplace"].iloc[0]).split())
-                       if "inplace" in table and len(table) and table["inplace"].notna().iloc[0]
-                       else [])
+            inplace = _op_list(table["inplace"]) if "inplace" in table else []
             return cls(policy=policy, classes=classes, swap_in_timing=timing, table=table,
                        configs=configs, encodings=encodings, inplace=inplace)
         except ValueError as error:
             raise PoochError(f"{path}: {error}") from None
+
+
+def _op_list(column: pd.Series) -> list[int]:
+    """The plan-wide list of op ids a table repeats on every row (its ``inplace`` column)."""
+    values = {str(v).strip() for v in column.fillna("")}
+    if len(values) > 1:
+        raise ValueError(f"column 'inplace' differs between rows ({' / '.join(sorted(values))}):"
+                         " it lists the plan's in-place ops once per row, the same on each")
+    text = values.pop() if values else ""
+    if not all(part.isdigit() for part in text.split()):
+        raise ValueError(f"column 'inplace' must list op ids (whole numbers) separated by "
+                         f"spaces, got {text!r}")
+    return sorted({int(part) for part in text.split()})
 
 
 def format_configs(configs: dict[int, int]) -> str:

@@ -37,9 +37,13 @@ class PoochResults:
         plan, profile = self.plan, self.profile
         counts = plan.counts
         incore_s = profile.incore_time_s
+        gist = ([f"{len(plan.encodings)} stored encoded"] if plan.encodings else []) + \
+            ([f"{len(plan.inplace)} ReLU{'s' if len(plan.inplace) > 1 else ''} in place"]
+             if plan.inplace else [])
         return (f"{plan.policy} plan for {profile.meta.get('model', 'the model')}: "
                 f"keep {counts['keep']} / swap {counts['swap']} / recompute {counts['recompute']} "
-                f"feature maps; predicted {plan.iteration_time_s * 1e3:.1f} ms per iteration "
+                f"feature maps{' (' + ', '.join(gist) + ')' if gist else ''}; "
+                f"predicted {plan.iteration_time_s * 1e3:.1f} ms per iteration "
                 f"(in-core {incore_s * 1e3:.1f} ms), peak {format_bytes(plan.peak_bytes)} of a "
                 f"{format_bytes(self.budget_bytes)} budget (in-core needs "
                 f"{format_bytes(profile.incore_peak_bytes)}); classified in "

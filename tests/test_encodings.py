@@ -263,6 +263,12 @@ def test_the_command_line_classifies_with_encodings_and_simulates_the_table_back
     written = pd.read_csv(table)
     encoded = written[written["class"].isin(["encode", "encode+swap"])]
     assert len(encoded) and set(encoded["encoding"]) <= set(encodings.LOSSLESS)
+    maps = vgg.tensors.set_index("tensor")            # each row is the map itself
+    for row in encoded.itertuples():
+        assert row.bytes == maps.at[row.tensor, "bytes"] > row.encoded_bytes
+        assert row.producer == maps.at[row.tensor, "producer"]
+        assert row.function == vgg.ops.at[row.producer, "name"]
+    assert written.loc[~written.index.isin(encoded.index), "encoded_bytes"].isna().all()
     plan = Plan.read_csv(table)
     assert plan.encodings == dict(zip(encoded["tensor"], encoded["encoding"]))
     assert set(plan.classes.values()) <= {"keep", "swap", "recompute"}
@@ -286,7 +292,23 @@ def test_the_command_line_classifies_with_encodings_and_simulates_the_table_back
     conv = int(vgg.ops.index[vgg.ops.name.str.contains("Convolution")][0])
     written.assign(inplace=f"{conv}").to_csv(table, index=False)   # not a ReLU: refused
     assert cli.main(["simulate", *args, "--plan", str(table)]) == 2
-    assert f"op {conv} cannot write over its input" in capsys.readouterr().err
+    assert f"op {conv} (Convolution2DFunction) cannot write" in capsys.readouterr().err
+    for bad, says in (({"inplace": "3 x"}, "must list op ids"),
+                      ({"encoding": {row: "gzip"}}, "'gzip', an unknown encoding"),
+                      ({"class": {row: "keep"}}, f"tensor {written.at[row, 'tensor']} is keep "
+                                                  "with encoding"),
+                      ({"encoding": {row: ""}}, "is encode"),
+                      ({"inplace": {0: "3", 1: "4"}}, "differs between rows")):
+        edited = written.copy()
+        for column, value in bad.items():
+            if isinstance(value, dict):
+                for r, v in value.items():
+                    edited.loc[r, column] = v
+            else:
+                edited[column] = value
+        edited.to_csv(table, index=False)
+        assert cli.main(["simulate", *args, "--plan", str(table)]) == 2, bad
+        assert says in capsys.readouterr().err, bad
 
 
 # ---------------------------------------------------------------- training

@@ -139,8 +139,10 @@ def test_the_rule_takes_only_relus_whose_input_nothing_reads_or_holds_after():
     memory = rewritten.memory[rewritten.memory.op == ops[0]]
     x = int(profile.ops.at[ops[0], "inputs"][0])
     assert memory.iloc[0].kind == "free" and memory.iloc[0].tensor == x   # before the output
-    with pytest.raises(PoochError, match=f"op {int(relus.op.iloc[1])} cannot write over"):
+    with pytest.raises(PoochError, match=f"op {int(relus.op.iloc[1])} \\(ReLU\\) cannot write"):
         inplace.inplace_profile(profile, [int(relus.op.iloc[1])])
+    with pytest.raises(PoochError, match="op 999 is not a forward op of this profile"):
+        inplace.inplace_profile(profile, [999])
 
 
 @pytest.fixture(scope="module")

@@ -103,11 +103,13 @@ def emit(info: dict, as_json: bool, extra_lines: list[str] = ()) -> None:
     print(f"host memory      {format_bytes(info['host_peak_bytes'])} ({info['host_peak_bytes']} "
           f"bytes) swapped at once; {_host_budget_text(info)}")
     encoded = info.get("encoded") or {}
+    inplace = info.get("inplace") or 0
     print(f"feature maps     keep {counts['keep']}, swap {counts['swap']}, "
           f"recompute {counts['recompute']}" + (
-              "; stored encoded: " + ", ".join(f"{n} {codec}" for codec, n in encoded.items())
-              if encoded else "") + (f"; {info['inplace']} ReLUs in place"
-                                     if info.get("inplace") else ""))
+              " (of these, stored encoded: "
+              + ", ".join(f"{n} {codec}" for codec, n in encoded.items()) + ")"
+              if encoded else "") + (f"; {inplace} ReLU{'s' if inplace > 1 else ''} in place"
+                                     if inplace else ""))
     if "simulate_seconds" in info:      # a plan read from a file: no classification
         print(f"simulated in     {info['simulate_seconds']:.2f} s")
     else:

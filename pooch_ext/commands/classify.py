@@ -20,9 +20,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help="write the classification table here (pooch-ext simulate --plan "
                              "reads it); " + FILE_HELP)
     parser.add_argument("--encodings", default="none", choices=encodings.SETTINGS,
-                        help="also store maps encoded (Gist): lossless (binarize, sparse) or "
-                             "lossy (also fp16); the fastest set wins, never slower than none "
-                             "(default: none)")
+                        help="also store maps encoded and run ReLUs in place (Gist): "
+                             "lossless (binarize, sparse, in-place ReLUs), lossy (also fp16) "
+                             "or lossy-fp8 (also fp8); the fastest set wins, never slower "
+                             "than none (default: none)")
     add_figures(parser)
     parser.set_defaults(run=run)
 
