@@ -20,6 +20,7 @@ import numpy as np
 
 from pooch_ext import codec_sizes
 from pooch_ext.codec_sizes import mask_bytes
+from pooch_ext.hooks.device import laid_out
 
 UNSIGNED = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 
@@ -36,15 +37,6 @@ def _in_memory_order(xp: Any, array: Any) -> Any:
     if xp is np:
         return array.ravel(order="K")
     return xp.ascontiguousarray(array).reshape(-1)
-
-
-def _laid_out(flat: Any, shape: tuple, strides: tuple | None) -> Any:
-    """``flat`` (memory order) as an array of ``shape`` whose axes lie in memory in the order
-    ``strides`` gives (C order without them)."""
-    if strides is None or len(strides) != len(shape):
-        return flat.reshape(shape)
-    order = sorted(range(len(shape)), key=lambda a: (-abs(strides[a]), a))
-    return flat.reshape([shape[a] for a in order]).transpose([order.index(a) for a in range(len(order))])
 
 
 def _chunks(n: int) -> Iterator[tuple[int, int]]:
@@ -149,15 +141,15 @@ def decode(codec: str, blob: Any, shape: tuple, dtype: Any, strides: tuple | Non
     dtype = np.dtype(dtype)
     n = math.prod(shape)
     if codec == "binarize":
-        return _laid_out(xp.unpackbits(blob[:(n + 7) // 8])[:n].view(bool), shape, strides)
+        return laid_out(xp.unpackbits(blob[:(n + 7) // 8])[:n].view(bool), shape, strides)
     if codec == "fp16":
-        return _laid_out(blob.view(np.float16).astype(dtype), shape, strides)
+        return laid_out(blob.view(np.float16).astype(dtype), shape, strides)
     if codec == "fp8":
         out = xp.empty(n, dtype=dtype)
         work = _fp8_work(xp, min(n, codec_sizes.CODEC_CHUNK))
         for start, end in _chunks(n):
             _from_fp8(xp, blob[start:end], out[start:end], work)
-        return _laid_out(out, shape, strides)
+        return laid_out(out, shape, strides)
     if codec != "sparse":
         raise ValueError(f"unknown encoding {codec!r}")
     out = xp.zeros(n, dtype=dtype)
@@ -169,7 +161,7 @@ def decode(codec: str, blob: Any, shape: tuple, dtype: Any, strides: tuple | Non
         out[start:end][bits] = values[taken:taken + count]
         taken += count
         del bits
-    return _laid_out(out, shape, strides)
+    return laid_out(out, shape, strides)
 
 
 def timed_round_trip(codec: str, array: Any, synchronize: Any = lambda: None

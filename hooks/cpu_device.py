@@ -38,7 +38,8 @@ import numpy as np
 
 from pooch_ext.errors import PoochError
 from pooch_ext.hooks import cpu_memory
-from pooch_ext.hooks.device import DeviceOutOfMemoryError, Transfer, WallTimer, _layout
+from pooch_ext.hooks.device import (DeviceOutOfMemoryError, Transfer, WallTimer, _layout,
+                                    laid_out)
 from pooch_ext.hooks.model_state import base_of, grad_of, model_arrays_with, resident_bytes
 from pooch_ext.hooks.linkemu import copy_s, emulated_link, stretched_s
 from pooch_ext.links import Link, get_link
@@ -137,11 +138,7 @@ def uncounted() -> Iterator[None]:
 def layout_view(buffer: np.ndarray, like: np.ndarray) -> np.ndarray:
     """``buffer``'s bytes viewed with ``like``'s shape, dtype and axis order (a dense block in
     the order ``like``'s strides walk it), for a copy that moves the bytes as they lie."""
-    order = sorted(range(like.ndim), key=lambda a: -abs(like.strides[a]))
-    shape = [like.shape[a] for a in order]
-    dense = buffer.view(like.dtype).reshape(shape)
-    inverse = np.argsort(order)
-    return dense.transpose(inverse)
+    return laid_out(buffer.view(like.dtype), like.shape, like.strides)
 
 
 class CpuDevice:

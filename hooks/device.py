@@ -71,6 +71,17 @@ def _layout(array: Any) -> str:
     return "F" if flags.f_contiguous and not flags.c_contiguous else "C"
 
 
+def laid_out(flat: Any, shape: tuple[int, ...], strides: tuple[int, ...] | None) -> Any:
+    """``flat`` (the elements in the order they lie in memory) viewed as an array of
+    ``shape`` whose axes lie in memory in the order ``strides`` gives, largest first (C
+    order without them): how a dense copy keeps its original's layout."""
+    if strides is None or len(strides) != len(shape):
+        return flat.reshape(shape)
+    order = sorted(range(len(shape)), key=lambda a: -abs(strides[a]))
+    inverse = [order.index(a) for a in range(len(order))]
+    return flat.reshape([shape[a] for a in order]).transpose(inverse)
+
+
 def dense_layout(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int) -> bool:
     """True when the elements fill exactly one block of ``size * itemsize`` bytes that starts at
     the first element, in any axis order (C, F, or a transposed view of either)."""

@@ -41,7 +41,7 @@ import pandas as pd
 from pooch_ext.errors import PoochError
 from pooch_ext.codec_sizes import (CODECS, LOSSLESS, LOSSY, decoded_bytes, encoded_bytes,
                                    scratch_bytes)
-from pooch_ext.inplace import inplace_of, inplace_ops, inplace_profile
+from pooch_ext.inplace import inplace_of, inplace_profile
 from pooch_ext.plan import ENCODED_CLASSES, Plan
 from pooch_ext.profile import Profile
 from pooch_ext.profile_format import format_shape
@@ -303,7 +303,7 @@ def _unique(sets: list[pd.DataFrame]) -> list[pd.DataFrame]:
 def lossless_base(profile: Profile) -> Profile:
     """``profile`` with Gist's third lossless technique, its in-place ReLUs, wherever
     pooch_ext/inplace.py allows them: what every encoding set is applied to."""
-    return inplace_profile(profile, inplace_ops(profile))
+    return inplace_profile(profile)
 
 
 def classify(profile: Profile, classify_one: Callable[..., Plan], setting: str = "lossless",
@@ -358,20 +358,18 @@ def four_class_table(plan: Plan, target: Profile) -> None:
     if not len(table) or not twins:
         return
     table = table.copy()
-    maps = target.tensors.set_index("tensor")
-    rows = [i for i, t in enumerate(table["tensor"]) if t in twins]
-    form_bytes = table["bytes"].to_numpy().copy()
-    for i in rows:
-        t = twins[int(table.at[i, "tensor"])].tensor
-        producer = int(maps.at[t, "producer"])
-        table.loc[i, ["tensor", "producer", "function", "label", "shape", "bytes"]] = [
-            t, producer, target.ops.at[producer, "name"], target.ops.at[producer, "label"],
-            format_shape(maps.at[t, "shape"]), int(maps.at[t, "bytes"])]
-        table.loc[i, "class"] = ENCODED_CLASSES[table.at[i, "class"]]
     table["encoding"] = ""
-    table.loc[rows, "encoding"] = [twins[int(t)].codec for t in plan.table["tensor"].iloc[rows]]
-    table["encoded_bytes"] = pd.array([int(form_bytes[i]) if i in set(rows) else None
-                                       for i in range(len(table))], dtype="Int64")
+    table["encoded_bytes"] = pd.array([None] * len(table), dtype="Int64")
+    maps = target.tensors.set_index("tensor")
+    for i in [i for i, t in enumerate(table["tensor"]) if t in twins]:
+        info = twins[int(table.at[i, "tensor"])]
+        producer = int(maps.at[info.tensor, "producer"])
+        table.loc[i, ["tensor", "producer", "function", "label", "shape", "bytes", "class",
+                      "encoding", "encoded_bytes"]] = [
+            info.tensor, producer, target.ops.at[producer, "name"],
+            target.ops.at[producer, "label"], format_shape(maps.at[info.tensor, "shape"]),
+            int(maps.at[info.tensor, "bytes"]), ENCODED_CLASSES[table.at[i, "class"]],
+            info.codec, int(table.at[i, "bytes"])]
     plan.table = table
 
 
@@ -383,13 +381,13 @@ def encoded_plan(profile: Profile, plan: Plan) -> tuple[Profile, Plan]:
     profile = inplace_profile(profile, plan.inplace)
     if not plan.encodings:
         return profile, plan
-    narrow = set(plan.encodings.values()) & set(LOSSY)
-    setting = next((s for s, c in LOSSY_CODEC.items() if c in narrow), "lossless")
-    allowed = candidates(profile, setting).set_index("tensor", drop=False)
     unknown = sorted({c for c in plan.encodings.values() if c not in CODECS})
     if unknown:
         raise PoochError(f"the plan stores maps as {unknown[0]!r}, an unknown encoding; "
                          f"known: {', '.join(CODECS)}")
+    narrow = set(plan.encodings.values()) & set(LOSSY)
+    setting = next((s for s, c in LOSSY_CODEC.items() if c in narrow), "lossless")
+    allowed = candidates(profile, setting).set_index("tensor", drop=False)
     for t, codec in sorted(plan.encodings.items()):
         if t not in allowed.index or allowed.at[t, "codec"] != codec:
             why = (f"its encoding here is {allowed.at[t, 'codec']}" if t in allowed.index

@@ -57,14 +57,15 @@ def _free_ops(profile: Profile) -> dict[int, int]:
     return dict(zip(frees["tensor"].astype(int), frees["op"].astype(int)))
 
 
-def inplace_profile(profile: Profile, ops: list[int]) -> Profile:
-    """``profile`` with ``ops`` writing over their input: each input's free moves ahead of its
-    op's own events, and meta[INPLACE] lists the ops. The same profile for no ops; an op
-    ``inplace_ops`` does not allow is refused."""
+def inplace_profile(profile: Profile, ops: list[int] | None = None) -> Profile:
+    """``profile`` with ``ops`` (None: every op ``inplace_ops`` allows) writing over their
+    input: each input's free moves ahead of its op's own events, and meta[INPLACE] lists the
+    ops. The same profile for no ops; an op ``inplace_ops`` does not allow is refused."""
+    allowed = inplace_ops(profile)
+    ops = allowed if ops is None else ops
     if not ops:
         return profile
-    allowed = set(inplace_ops(profile))
-    refused = sorted(set(ops) - allowed)
+    refused = sorted(set(ops) - set(allowed))
     n_fwd = int((profile.ops["phase"] == "forward").sum())
     if refused and not 0 <= refused[0] < n_fwd:
         raise PoochError(f"op {refused[0]} is not a forward op of this profile (ops 0 to "
