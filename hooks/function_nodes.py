@@ -1,7 +1,7 @@
 """What Chainer's function nodes tell, read without changing them: the tag a recorder puts
 on the nodes of its iteration, the forward ops a set of tensors depends on, how many ops a
-backward pass from a loss will visit, a function's scalar attributes, and whether it is a
-static subgraph PoocH cannot see into."""
+backward pass from a loss will visit, a function's scalar attributes, the arrays it keeps
+for its backward, and whether it is a static subgraph PoocH cannot see into."""
 from __future__ import annotations
 
 from typing import Any
@@ -23,6 +23,23 @@ def scalar_attrs(function: Any) -> dict[str, Any]:
     return {k: v for k, v in vars(function).items()
             if not k.startswith("_") and k not in ("rank", "inputs", "outputs", "stack", "lazy_grad_sum")
             and plain(v)}
+
+
+def node_state(function: Any, exclude: set[int]) -> list[tuple[str, Any]]:
+    """(attribute, array) of each array the function node keeps for its backward beyond
+    ``exclude`` (ids of base arrays: its inputs', outputs', the model's): pooling argmax,
+    BatchNormalization statistics, a softmax. One entry per base array; adds to ``exclude``."""
+    from pooch_ext.hooks.model_state import base_of, is_array
+
+    kept = []
+    for name, value in vars(function).items():
+        if name in ("inputs", "outputs") or not is_array(value):
+            continue
+        base = base_of(value)
+        if id(base) not in exclude:
+            exclude.add(id(base))
+            kept.append((name, base))
+    return kept
 
 
 def is_static_graph(function: Any) -> bool:

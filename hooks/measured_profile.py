@@ -46,6 +46,7 @@ class IterationSample:
     # actions at its boundary count) to its own end; only where the device counts allocations
     peak_bytes: dict[int, int] = field(default_factory=dict)
     entry_bytes: dict[int, int] = field(default_factory=dict)   # op -> bytes held as it starts
+    gap_bytes: dict[int, int] = field(default_factory=dict)     # op -> peak just before it
     schedule: pd.DataFrame | None = None    # what it did to feature maps (None: passive)
     # host seconds between the op before's end and this op's start (wall-clock timers only):
     # Chainer's and the model's Python between functions, PoocH's hooks and actions
@@ -58,6 +59,14 @@ class IterationSample:
     nonzero: dict[int, float] = field(default_factory=dict)   # tensor -> nonzero fraction
     # codec -> (encode, decode) seconds per byte, one entry per timed map (hooks/codecs.py)
     codec_s: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
+    # (boundary, device bytes held, every pass) as its first backward pass completed, or
+    # (every pass: True) as the update began after more (where the device counts
+    # allocations); whether it was the first iteration measured (no earlier graph alive)
+    end: tuple[int, int, bool] | None = None
+    first: bool = False
+    # the device's peak after its last op window (later backward passes, the update), which
+    # a later iteration's first op window takes in
+    tail_peak: int | None = None
 
 
 def fit_link(samples: list[IterationSample], name: str = "measured") -> Link | None:
@@ -95,12 +104,41 @@ def unmodelled_bytes(profile: Profile, samples: list[IterationSample]) -> dict[i
     under in-core, swap-all and sqrt-n plans), so adding it to the op's transient bytes makes
     every plan's predicted peak the measured one (tests/test_memory_fidelity.py)."""
     excess: dict[int, int] = {}
-    for sample, predicted in _modelled(profile, samples):
+    for sample, predicted, carried in _modelled(profile, samples):
         peaks = predicted["peak_bytes"].to_numpy()
+        gaps = _later_gaps(sample, carried)
         for op, measured in sample.peak_bytes.items():
             if 0 <= op < len(peaks) - 1:
+                measured = max(measured + int(carried[op]), gaps.get(op, 0))
                 excess[op] = max(excess.get(op, 0), int(measured - peaks[op]) + SLACK_BYTES)
     return {op: nbytes for op, nbytes in excess.items() if nbytes > 0}
+
+
+def gap_floors(profile: Profile, samples: list[IterationSample]) -> dict[int, int]:
+    """Per op, the most bytes above the model's level there that the device held just before
+    the op began (after the op before it ended): what no configuration of the op changes.
+    Before the first op that is the last iteration's tail (its later backward passes, the
+    update, the loop's own code), which a profile adds to that op's transient bytes
+    (``unmodelled_bytes``); a split of the op cuts its own scratch, never this
+    (measured: ``chainer.grad`` then ``backward``, 124 KB before the first convolution of a
+    net whose split configurations promised 88 KB)."""
+    floors: dict[int, int] = {}
+    for sample, predicted, carried in _modelled(profile, samples):
+        levels = predicted["bytes"].to_numpy()
+        for op, gap in _later_gaps(sample, carried).items():
+            if 0 <= op < len(levels) - 1:
+                floors[op] = max(floors.get(op, 0), int(gap - levels[op]) + SLACK_BYTES)
+    return {op: nbytes for op, nbytes in floors.items() if nbytes > 0}
+
+
+def _later_gaps(sample: IterationSample, carried: np.ndarray) -> dict[int, int]:
+    """``sample.gap_bytes`` as a later iteration would measure them: with what it carries
+    (``_carried``), and before the first op the first iteration's tail (``tail_peak``)."""
+    gaps = {op: gap + int(carried[op]) for op, gap in sample.gap_bytes.items()
+            if op < len(carried)}
+    if sample.first and sample.tail_peak is not None:
+        gaps[0] = max(gaps.get(0, 0), sample.tail_peak)
+    return gaps
 
 
 def held_between_ops(profile: Profile, samples: list[IterationSample]) -> dict[int, int]:
@@ -112,17 +150,18 @@ def held_between_ops(profile: Profile, samples: list[IterationSample]) -> dict[i
     b32's BatchNormalization backward, one map over a tight budget); ``sim.model`` adds it to
     a recompute's extra memory there."""
     excess: dict[int, int] = {}
-    for sample, predicted in _modelled(profile, samples):
+    for sample, predicted, carried in _modelled(profile, samples):
         levels = predicted["bytes"].to_numpy()
         for op, measured in sample.entry_bytes.items():
             if 0 <= op < len(levels) - 1:
-                excess[op] = max(excess.get(op, 0), int(measured - levels[op]))
+                excess[op] = max(excess.get(op, 0), int(measured + carried[op] - levels[op]))
     return {op: nbytes for op, nbytes in excess.items() if nbytes > 0}
 
 
 def _modelled(profile: Profile, samples: list[IterationSample]) -> Iterator[tuple]:
-    """(sample, the model's memory of the schedule it ran) for each sample that ran one
-    whole on a device that counts its allocations."""
+    """(sample, the model's memory of the schedule it ran, bytes per op it lacked of what a
+    later iteration carries) for each sample that ran one whole on a device that counts its
+    allocations."""
     from pooch_ext.sim.check import schedule_memory
 
     maps = set(profile.feature_maps["tensor"].tolist())
@@ -132,7 +171,41 @@ def _modelled(profile: Profile, samples: list[IterationSample]) -> Iterator[tupl
         ran = sample.schedule
         # maps the model classifies, at the graph's boundaries (others are modelled events)
         schedule = ran[ran["tensor"].isin(maps) & (ran["boundary"] <= profile.n_ops)]
-        yield sample, schedule_memory(profile, schedule, _ran_configs(profile, sample))
+        predicted = schedule_memory(profile, schedule, _ran_configs(profile, sample))
+        yield sample, predicted, _carried(profile, sample, schedule, predicted)
+
+
+def _carried(profile: Profile, sample: IterationSample, schedule: pd.DataFrame,
+             predicted: pd.DataFrame) -> np.ndarray:
+    """Per op, the bytes an iteration after ``sample`` may hold that it did not: the first
+    iteration has no earlier graph, but a loop that keeps its loss Variable (``loss =
+    ...; loss.backward()``, L.Classifier's ``self.loss``) holds the last graph until the
+    next forward ends (what its nodes kept for a backward that ran goes as the iteration
+    ends: Executor._drop_node_state), and a loop that clears gradients after its forward
+    holds the last ones. That is what the device held as the first backward pass completed
+    above the model's level there (before the iteration end's own actions), at most those
+    gradients and what nodes whose backward did not run keep (what else is held may be for a
+    later pass), or as the update began after more passes (``chainer.grad``, then
+    ``backward``: the graph then keeps the maps its nodes retain), charged to every forward
+    op. An upper bound: a loop that drops the graph, or
+    clears gradients before its forward, carries nothing."""
+    levels = predicted["bytes"].to_numpy()
+    carried = np.zeros(len(levels), np.int64)
+    if sample.first and sample.end is not None and sample.end[0] < len(levels):
+        boundary, held, every_pass = sample.end
+        level = int(levels[boundary])
+        if boundary == len(levels) - 1:      # the iteration end's actions came after
+            nbytes = dict(zip(profile.feature_maps["tensor"], profile.feature_maps["bytes"]))
+            at_end = schedule[schedule["boundary"] == boundary]
+            sign = at_end["action"].map({"swap_in": -1, "recompute": -1, "free": 1,
+                                         "release": 1}).fillna(0)
+            level += int(sum(s * nbytes[int(t)] for s, t in zip(sign, at_end["tensor"])))
+        ran = set(sample.trace.backward_order) | set(sample.trace.revisited)
+        own = math.inf if every_pass else sum(
+            nbytes for k, nbytes in sample.saved_bytes.items() if k not in ran) + sum(
+            nbytes for nbytes, _, _ in cleared_gradients(sample.trace, [sample]))
+        carried[:len(profile.forward_ops)] = max(0, min(held - level, own))
+    return carried
 
 
 def runtime_seconds(samples: list[IterationSample], n_fwd: int) -> dict[int, float]:
@@ -252,11 +325,13 @@ def _use_measured_swap_times(profile: Profile, use: list[IterationSample]) -> No
 
 def _measured_costs(use: list[IterationSample], k: int, j: int, calls: dict,
                     configs_of: Callable[[Any], tuple[list, list]] | None,
-                    unmodelled: dict[int, int], tail: tuple[float, int] = (0.0, 0)) -> dict:
+                    unmodelled: dict[int, int], tail: tuple[float, int] = (0.0, 0),
+                    floor: int = 0) -> dict:
     """The builder's costs of forward op ``k`` (backward op ``j``, -1: none) from the samples
     ``use``: least times, maxima of scratch, each as the whole op would have taken where
     a sample ran it split; with its split configurations where ``configs_of`` offers some.
-    ``tail``: (seconds, scratch bytes) run right after the backward op (``build_profile``)."""
+    ``tail``: (seconds, scratch bytes) run right after the backward op (``build_profile``);
+    ``floor``: the forward configurations' least transient bytes (``gap_floors``)."""
     change = {s.iteration: _split_change(s, k, calls, configs_of) for s in use}
     # a whole op's time from a split run less the split's measured change: timing noise can
     # take it below zero (a split's change is measured on probes, once), never a real time
@@ -277,7 +352,8 @@ def _measured_costs(use: list[IterationSample], k: int, j: int, calls: dict,
     row["backward_transient_bytes"] = max(row["backward_transient_bytes"], tail[1])
     if k in calls and configs_of is not None:
         forward, backward = configs_of(calls[k])
-        row["configs"] = _shifted(forward, row["transient_bytes"], row["duration_s"])
+        row["configs"] = [(pieces, max(nbytes, floor), seconds) for pieces, nbytes, seconds
+                          in _shifted(forward, row["transient_bytes"], row["duration_s"])]
         if j >= 0:
             row["backward_configs"] = _shifted(backward, row["backward_transient_bytes"],
                                                row["backward_s"])
@@ -320,20 +396,17 @@ def build_profile(samples: list[IterationSample], device: Device, link: Link, re
     bwd_index = {k: n_fwd + j for j, k in enumerate(trace.backward_order)}
 
     unmodelled: dict[int, int] = {}      # op -> measured bytes the graph model lacks
+    floors: dict[int, int] = {}          # op -> least transient bytes of its configurations
     between = runtime_seconds(use, n_fwd)
-
     calls = next((s.conv_calls for s in reversed(use) if s.conv_calls), {}) \
         if configs_of is not None else {}
-
     last = trace.backward_order[-1] if trace.backward_order else -1
 
     def cost(_trace: GraphTrace, op: Any) -> dict:
         tail = after_backward if after_backward is not None and op.index == last else (0.0, 0)
         return _measured_costs(use, op.index, bwd_index.get(op.index, -1), calls, configs_of,
-                               unmodelled, tail)
-
+                               unmodelled, tail, floors.get(op.index, 0))
     info = _meta(meta, samples, use, after_backward)
-
     cleared = cleared_gradients(trace, use)
     if cleared:
         info["cleared_gradients"] = dict(arrays=len(cleared),
@@ -348,8 +421,10 @@ def build_profile(samples: list[IterationSample], device: Device, link: Link, re
 
     profile = build()
     unmodelled.update(unmodelled_bytes(profile, use))
-    if unmodelled:
-        info["unmodelled_bytes"] = [list(item) for item in sorted(unmodelled.items())]
+    floors.update(gap_floors(profile, use))
+    if unmodelled or floors:
+        if unmodelled:
+            info["unmodelled_bytes"] = [list(item) for item in sorted(unmodelled.items())]
         profile = build()
     held = held_between_ops(profile, use)
     if held:

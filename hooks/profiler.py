@@ -27,9 +27,9 @@ from pooch_ext.hooks import codecs
 from pooch_ext.hooks.allocator import AllocationLog, cupy_memory_hook, scratch_bytes
 from pooch_ext.hooks.conv_configs import conv_call, with_gradient
 from pooch_ext.hooks.executor import Executor
-from pooch_ext.hooks.function_nodes import TAG
+from pooch_ext.hooks.function_nodes import TAG, node_state
 from pooch_ext.hooks.measured_profile import IterationSample
-from pooch_ext.hooks.model_state import base_of, is_array, model_arrays
+from pooch_ext.hooks.model_state import base_of, model_arrays
 from pooch_ext.hooks.recompute import RecomputeError, recompute
 from pooch_ext.trace import GraphTrace
 
@@ -71,11 +71,14 @@ class Profiler:
         self._scratch: dict[int, int] = {}    # op window -> measured scratch bytes
         self._peaks: dict[int, int] = {}      # op window -> measured device peak
         self._entry: dict[int, int] = {}      # op window -> device bytes held as it starts
+        self._gaps: dict[int, int] = {}       # op window -> device peak just before it
         self._gap_peak = 0
         self._window_live = 0
         self._nonzero: dict[int, float] = {}
         self._codec_s: dict[str, list[tuple[float, float]]] = {}
         self._codecs_timed = 0
+        self._end: tuple[int, int, bool] | None = None   # IterationSample.end
+        self._on_host_after_first_pass = 0   # map bytes on the host as the first pass ended
 
     # ------------------------------------------------------------ switching
     @property
@@ -124,6 +127,7 @@ class Profiler:
         counter = getattr(device, "counter", None)
         if counter is not None:
             self._gap_peak = counter.window()   # since the op before ended: this boundary
+            self._gaps[window] = max(self._gaps.get(window, 0), device.held(self._gap_peak))
             self._window_live = counter.live()
             self._entry[window] = max(self._entry.get(window, 0),
                                       device.held(self._window_live))
@@ -189,6 +193,19 @@ class Profiler:
     def backward_function_done(self) -> None:
         self._stop()
 
+    def backward_complete(self, every_pass: bool = False) -> None:
+        """The first backward pass returned (``every_pass``: every one before the update did):
+        what the device holds now is the model's, what the user's code holds, and what the
+        graph keeps (``IterationSample.end``)."""
+        executor = self.executor
+        counter = getattr(executor.device, "counter", None)
+        if counter is not None:
+            trace = executor.trace
+            self._end = (len(trace.ops) + len(trace.backward_order),
+                         executor.device.held(counter.live()), every_pass)
+            if not every_pass:
+                self._on_host_after_first_pass = int(getattr(executor.device, "host_bytes", 0))
+
     def iteration_ending(self) -> None:
         self._stop()
 
@@ -199,6 +216,7 @@ class Profiler:
         self._nonzero = {t - n_tensors: v for t, v in self._nonzero.items() if t >= n_tensors}
         self._peaks = {k - n_ops: v for k, v in self._peaks.items() if k >= n_ops}
         self._entry = {k - n_ops: v for k, v in self._entry.items() if k >= n_ops}
+        self._gaps = {k - n_ops: v for k, v in self._gaps.items() if k >= n_ops}
         self._conv_calls = {k - n_ops: v for k, v in self._conv_calls.items() if k >= n_ops}
         self._saved = {k - n_ops: v for k, v in self._saved.items() if k >= n_ops}
         self._rerun_timers = {k - n_ops: v for k, v in self._rerun_timers.items() if k >= n_ops}
@@ -281,15 +299,7 @@ class Profiler:
             array = executor.maps.array_of(t)
             if array is not None:
                 exclude.add(id(base_of(array)))
-        total = 0
-        for name, value in vars(function).items():
-            if name in ("inputs", "outputs") or not is_array(value):
-                continue
-            base = base_of(value)
-            if id(base) not in exclude:
-                exclude.add(id(base))
-                total += int(base.nbytes)
-        return total
+        return sum(int(base.nbytes) for _, base in node_state(function, exclude))
 
     def current_sample(self, trace: GraphTrace) -> IterationSample:
         """What the iteration in progress measured so far (after its backward: all of it)."""
@@ -319,9 +329,18 @@ class Profiler:
         if counts:
             sample.peak_bytes = dict(self._peaks)
             sample.entry_bytes = dict(self._entry)
+            sample.gap_bytes = dict(self._gaps)
+            if self._timing is None:
+                # later passes of a first iteration ran with its maps swapped out (on demand),
+                # which a planned iteration that keeps them for those passes holds as well
+                later_passes = self._end is not None and self._end[2]
+                sample.tail_peak = device.held(device.counter.window()) + (
+                    self._on_host_after_first_pass if later_passes else 0)
         sample.schedule = self._ran_schedule()
         sample.nonzero = dict(self._nonzero)
         sample.codec_s = {codec: list(values) for codec, values in self._codec_s.items()}
+        sample.end = self._end
+        sample.first = executor.iteration == 0
         return sample
 
     def _ran_schedule(self) -> Any:

@@ -4,22 +4,34 @@ Until the first update, every optimizer first calls ``before_update``: the momen
 backward pass of the iteration has run, Chainer's own errors included, and no parameter,
 step count or optimizer state has changed yet (PoocH raises a refusal there, with the models
 as they were). Both the optimizer's 'pre' hooks (run before its step count moves) and each
-update rule (for optimizers without them) are gated; the caller lifts the gate (``remove``)
-at the first call.
+update rule (for optimizers without them) are gated; the caller lifts the gate (``lift``) at
+the first call.
+
+Every update rule also runs inside ``around()`` while installed: on the CPU device its NumPy
+temporaries are not device memory, because on a GPU Chainer's update rules (SGD, MomentumSGD,
+Adam, AdaGrad, RMSprop, ...) are one elementwise kernel that writes the parameter and its
+state in place. Measured on the CPU device without it (tests/promise_situations.py's
+big_layer: 0.54 MB of parameters, Adam, a 3.3 MB budget): 3.72 MB held during every update,
+which no op's check sees; with it, 2.21 MB at most.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from contextlib import nullcontext
+from typing import Any, Callable, ContextManager
 
 import pooch_ext  # noqa: F401  (chainer import compat)
 import chainer
 
 
 class UpdateGate:
-    """Calls ``before_update()`` ahead of every optimizer update while installed."""
+    """Calls ``before_update()`` ahead of every optimizer update until lifted, and runs every
+    update rule inside ``around()``, while installed."""
 
-    def __init__(self, before_update: Callable[[], None]) -> None:
+    def __init__(self, before_update: Callable[[], None],
+                 around: Callable[[], ContextManager] = nullcontext) -> None:
         self.before_update = before_update
+        self.around = around
+        self.lifted = False
         self._originals: list[tuple[Any, str, Any]] = []
 
     def install(self) -> None:
@@ -30,17 +42,23 @@ class UpdateGate:
         gate = self
 
         def update(rule: Any, param: Any) -> Any:
-            gate.before_update()
-            return rule_update(rule, param)
+            if not gate.lifted:
+                gate.before_update()
+            with gate.around():
+                return rule_update(rule, param)
 
         def hooks(optimizer: Any, timing: str = "pre") -> Any:
-            if timing == "pre":
+            if timing == "pre" and not gate.lifted:
                 gate.before_update()
             return call_hooks(optimizer, timing)
         self._originals = [(chainer.optimizer.UpdateRule, "update", rule_update),
                            (chainer.optimizer.Optimizer, "call_hooks", call_hooks)]
         chainer.optimizer.UpdateRule.update = update
         chainer.optimizer.Optimizer.call_hooks = hooks
+
+    def lift(self) -> None:
+        """No more calls to ``before_update`` (the first update is under way)."""
+        self.lifted = True
 
     def remove(self) -> None:
         """Put Chainer's own update and hooks back (again: nothing to do)."""

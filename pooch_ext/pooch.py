@@ -14,15 +14,16 @@ are kept per graph (``MAX_PLANS``), so a graph that comes back reuses its plan.
 
 The budget (None: the device's capacity) applies from the second profiled iteration on: the
 first one runs before anything is known, swapping on demand, and tells the smallest budget
-any plan can reach. The check comes at the end of that first backward pass, before the
-optimizer's update: a budget below the minimum, or one the chosen policy cannot meet on the
-first iteration's measurements, raises BudgetTooSmallError (with the minimum) out of
-``loss.backward()``, and every link's parameters, gradients and persistent state
-(BatchNormalization statistics) are put back as they were, so the failed attempt changes
-nothing. A loop PoocH cannot run exactly (double backprop, a static graph) is refused at the
-first optimizer update (``UnsupportedLoopError``). After the first update nothing is refused:
-a policy that cannot plan leaves the swap-all plan running, an unsupported iteration runs as
-plain Chainer.
+any plan can reach, counting what later iterations hold more (the last graph, which a loop's
+``loss`` keeps until the next forward ends). The check comes at the end of that first
+backward pass (again at the first update if more passes ran: ``chainer.grad``, then
+``backward``): a budget below the minimum, or one the chosen policy cannot meet, raises
+BudgetTooSmallError (with the minimum) out of ``loss.backward()`` (``optimizer.update()``),
+and every link's parameters, gradients and persistent state (BatchNormalization statistics)
+are put back as they were, so the failed attempt changes nothing. A loop PoocH cannot run
+exactly (double backprop, a static graph) is refused at the first optimizer update
+(``UnsupportedLoopError``). After the first update nothing is refused: a policy that cannot
+plan leaves the swap-all plan running, an unsupported iteration runs as plain Chainer.
 
 With ``comm`` (a ChainerMN communicator) every decision is made on rank 0 from all ranks'
 profiles and handed to every rank (pooch_ext/distributed.py). ``encodings="lossless"`` lets
@@ -44,8 +45,8 @@ import pooch_ext  # noqa: F401  (chainer import compat)
 import chainer
 
 from pooch_ext.distributed import AllreduceMeter, Ranks
-from pooch_ext.errors import (BudgetTooSmallError, PolicyDoesNotFitError, PoochError,
-                              UnsupportedLoopError)
+from pooch_ext.errors import (BudgetTooSmallError, PoochError, UnsupportedLoopError,
+                              PolicyDoesNotFitError)  # noqa: F401  (importable where raised)
 from pooch_ext.hooks.chainer_refs import check_chainer
 from pooch_ext.hooks.device import UNLIMITED, device_for
 from pooch_ext.hooks.model_state import ModelSnapshot, resident_bytes
@@ -64,10 +65,9 @@ from pooch_ext.hooks.runtime_device import RuntimeDevice
 from pooch_ext.links import Link, get_link
 from pooch_ext.plan import Plan
 from pooch_ext.pooch_results import PoochResults
-from pooch_ext.policies import get_policy
+from pooch_ext.policies import fitting_plan, get_policy
 from pooch_ext.profile import Device, Profile
 from pooch_ext.sim.budgets import minimum_budget, resolve_host_budget
-from pooch_ext.sim.engine import simulate_plan
 from pooch_ext.units import parse_bytes
 
 log = logging.getLogger("pooch_ext")
@@ -106,6 +106,7 @@ class PoocH(PoochResults):
         self._first_calls: dict[int, Any] = {}     # first-iteration splits' calls, by node
         self.device = device
         self.profile: Profile | None = None
+        self.checked_profile: Profile | None = None   # the first iteration's, checked
         self.plan: Plan | None = None
         self.program: Program | None = None
         self.budget_bytes: int | None = None
@@ -119,6 +120,7 @@ class PoocH(PoochResults):
         self._trained = 0                           # training iterations seen
         self._updated = False                       # an optimizer has updated a parameter
         self._refusal: Exception | None = None      # raised before the first update
+        self._checked_passes = 0                    # backward passes the check has seen
         self._gate = UpdateGate(self._before_update)  # calls it before the first update
         self._closing = False
         self._budget_applied = False
@@ -144,6 +146,7 @@ class PoocH(PoochResults):
         self.profiler = Profiler(self.runtime, codecs_of(self.encodings))
         self.runtime.__enter__()
         _ACTIVE.append(self)
+        self._gate.around = self.device.host_side   # an update's temporaries: update_gate.py
         self._gate.install()
         if self.ranks is not None:
             self._allreduce = AllreduceMeter(self.ranks.comm, getattr(self.device, "counter",
@@ -184,10 +187,8 @@ class PoocH(PoochResults):
         call = conv_call(function, in_data)
         pieces = None if call is None else first_iteration_pieces(call, self.budget_bytes)
         if pieces is not None:
-            # the forward configurations the profile will use, measured now (apart from the device's
-            # peak, before the op's clock starts): their exactness checks are then the ones
-            # the op looks up, so no probe runs inside it (split_exact.KNOWN); the backward's
-            # once its incoming gradient's layout is known (_first_iteration_backward)
+            # measured now, before the op's clock starts, so the op finds their exactness checks
+            # (split_exact.KNOWN); the backward's once its gradient is known (below)
             measured_configs(call, self.device, parts=("forward",))
             self._first_calls[id(function)] = call
         return pieces
@@ -234,19 +235,26 @@ class PoocH(PoochResults):
 
     def _before_update(self) -> None:
         refusal, self._refusal = self._refusal, None
+        trace = self.runtime.trace
+        if refusal is None and trace is not None and trace.passes > self._checked_passes:
+            self.profiler.backward_complete(every_pass=True)   # what later passes hold too
+            refusal = self._refusal_for(trace)
         self._updated = True
         if self.device.kind == "cpu":
             self.device.on_overrun = self._overrun
-        self._gate.remove()
+        self._gate.lift()
         if refusal is not None and not self._closing:
-            self._closing = True
-            self.runtime.abandon()
-            self._snapshot.restore()
-            raise refusal
+            self._refuse(refusal)
+
+    def _refuse(self, error: BaseException) -> None:
+        """Raise ``error`` with everything put back as it was before PoocH began."""
+        self._closing = True
+        self.runtime.abandon()
+        self._snapshot.restore()
+        raise error
 
     def _overrun(self, message: str, held: int) -> None:
-        """The CPU device measured more than the budget after updates: the prediction it ran
-        on was short. Recorded (``overruns``) and said once per graph; training goes on."""
+        """The CPU device measured more than the budget: recorded, said once; training goes on."""
         self.overruns.append(dict(iteration=self.runtime.iteration, message=message,
                                   held_bytes=held, budget_bytes=self.budget_bytes))
         if "overrun" not in self._told:
@@ -270,22 +278,23 @@ class PoocH(PoochResults):
 
     def _backward_done(self, trace: GraphTrace) -> None:
         """End of the first backward pass: refuse what cannot work, before any update."""
-        if not self._in_refusal_window():
-            return
-        with self.device.host_side():       # planning data is the host's, not the device's
-            self._refuse_if_impossible(trace)
+        if (refusal := self._refusal_for(trace)) is not None:
+            self._refuse(refusal)
 
-    def _refuse_if_impossible(self, trace: GraphTrace) -> None:
-        if trace.unsupported:
-            return                          # refused before the first update
+    def _refusal_for(self, trace: GraphTrace) -> BaseException | None:
+        """Why the iteration so far says this run cannot work (None: it can), in the first
+        iteration only, on a profile of what it measured."""
+        if not self._in_refusal_window() or trace.unsupported:
+            return None                     # an unsupported loop is refused at the update
+        self._checked_passes = trace.passes
         try:
-            provisional = self._build_profile([self.profiler.current_sample(trace)])
-            self._agreed(provisional, self._check_fits)
-        except BaseException:
-            self._closing = True
-            self.runtime.abandon()
-            self._snapshot.restore()
-            raise
+            with self.device.host_side():   # planning data is the host's, not the device's
+                self.checked_profile = self._build_profile(
+                    [self.profiler.current_sample(trace)])
+                self._agreed(self.checked_profile, self._check_fits)
+        except BaseException as error:
+            return error
+        return None
 
     def _check_fits(self, profile: Profile) -> None:
         floor = minimum_budget(profile)
@@ -433,18 +442,9 @@ class PoocH(PoochResults):
 
     def _classify(self, profile: Profile, policy: str | Callable,
                   host_budget: float = math.inf) -> Plan:
-        """``policy``: a policy name, or any ``classify(profile, budget, link) -> Plan`` (also
-        given ``host_budget=`` when one is set: it binds the policy's plan, not the swap-all
-        plan profiling runs, which swaps every map by design)."""
-        classify = get_policy(policy).classify if isinstance(policy, str) else policy
-        host = {} if math.isinf(host_budget) else {"host_budget": host_budget}
-        plan = classify(profile, self.budget_bytes, None, **host)
-        if plan.feasible is None:       # a user's policy may return classes only
-            plan = simulate_plan(profile, plan, None, self.budget_bytes,
-                                 None if math.isinf(host_budget) else int(host_budget))
-        if not plan.feasible:
-            raise PolicyDoesNotFitError(self.budget_bytes, plan, minimum_budget(profile))
-        return plan
+        """``host_budget`` binds the policy's plan, not the swap-all plan profiling runs."""
+        return fitting_plan(profile, policy, self.budget_bytes, host_budget)
+
 
 @dataclass
 class _Graph:

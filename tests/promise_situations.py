@@ -204,7 +204,8 @@ class Reference:
     state, a short last batch, a branch, test-mode iterations), and PoocH checks the budget on
     the first one before any update and plans the others as they come, so the reference run
     profiles every graph after one iteration (``profile_iters=1``) through all ``n_iters``
-    iterations and keeps each profile PoocH built: ``floor`` is the largest minimum budget
+    iterations and keeps each profile PoocH built, the one it checked the budget on before the
+    first update first (``PoocH.checked_profile``): ``floor`` is the largest minimum budget
     among them, ``incore`` the largest in-core need. A budget between them is one every graph
     of the loop can run in. (``pooch.profile`` is read after each of the loop's iterations, so
     a graph planned and replaced within one of them, as in truncated BPTT, is not seen.)"""
@@ -242,8 +243,9 @@ def reference(situation: Situation, wrap: str | tuple | None = None) -> Referenc
     profiles: dict[int, Any] = {}
 
     def watch(pooch: Any) -> None:
-        if pooch.profile is not None:
-            profiles.setdefault(id(pooch.profile), pooch.profile)
+        for profile in (pooch.checked_profile, pooch.profile):
+            if profile is not None:
+                profiles.setdefault(id(profile), profile)
 
     outcome = execute(situation, {"profile_iters": 1, "budget": None, "policy": None,
                                   "verbose": False}, wrap=wrap, watch=watch)
@@ -330,6 +332,8 @@ def judge(situation: Situation, plain: Outcome, run: Outcome, *, budget: int | N
     assert same_values(run.values, plain.values), (
         f"logged values differ from plain Chainer's:\n plain {plain.values}\n pooch {run.values}")
     assert states_equal(run.state, plain.state), _state_diff(plain.state, run.state)
+    overruns = getattr(run.pooch, "overruns", [])
+    assert not overruns, f"the budget did not hold: {len(overruns)} overruns, first {overruns[0]}"
     if budget is not None and incore is not None and budget < incore:
         # the graph whose plan ran last must have had something moved if it needed more
         # than the budget (a loop's other graphs may be smaller than the largest one)

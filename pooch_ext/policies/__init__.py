@@ -12,8 +12,9 @@ minimum, a host budget below ``sim.budgets.minimum_host_budget`` HostBudgetTooSm
 from __future__ import annotations
 
 import importlib
+import math
 from types import ModuleType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from pooch_ext.errors import check_name
 
@@ -52,3 +53,24 @@ def classify(profile: Profile, budget: int | str | None = None, policy: str = "p
     """A Plan for ``profile`` under ``budget`` by the named policy (see the module docstring
     for the arguments and the refusals)."""
     return get_policy(policy).classify(profile, budget, link, host_budget=host_budget)
+
+
+def fitting_plan(profile: Profile, policy: str | Callable, budget: int,
+                 host_budget: float = math.inf) -> Plan:
+    """The plan of ``policy`` (a name, or any ``classify(profile, budget, link) -> Plan``, also
+    given ``host_budget=`` when one is set) that fits ``budget``, else PolicyDoesNotFitError
+    with the smallest budget any plan reaches. A policy that returns classes only is
+    simulated here."""
+    from pooch_ext.errors import PolicyDoesNotFitError
+    from pooch_ext.sim.budgets import minimum_budget
+    from pooch_ext.sim.engine import simulate_plan
+
+    run = get_policy(policy).classify if isinstance(policy, str) else policy
+    host = {} if math.isinf(host_budget) else {"host_budget": host_budget}
+    plan = run(profile, budget, None, **host)
+    if plan.feasible is None:
+        plan = simulate_plan(profile, plan, None, budget,
+                             None if math.isinf(host_budget) else int(host_budget))
+    if not plan.feasible:
+        raise PolicyDoesNotFitError(budget, plan, minimum_budget(profile))
+    return plan
