@@ -241,7 +241,7 @@ class GraphRecorder(chainer.FunctionHook):
 
     def _pass_end(self, failed: bool) -> None:
         self._pass_depth -= 1
-        if self._pass_depth or self.trace is None or not self._pass_visited:
+        if self._pass_depth or self.trace is None or not self._pass_visited or self.paused:
             return
         self.trace.passes += 1
         if self.trace.passes == 1 and not failed:
