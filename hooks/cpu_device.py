@@ -165,6 +165,7 @@ class CpuDevice:
         self._was_counting = False
         self.used = 0                          # tracked-arrays accounting (no counter)
         self._tracked_peak = 0
+        self._reported_peak = 0     # an overrun's peak, kept in ``peak`` past its report
         self._live: dict[int, int] = {}
         self.host = HostBuffers()
         self.host_bytes = 0
@@ -285,9 +286,13 @@ class CpuDevice:
     @property
     def peak(self) -> int:
         """Most bytes held at once since ``reset_peak`` (inside ops too, with the allocator)."""
-        return self.resident + self._activations(peak=True)
+        return max(self.resident + self._activations(peak=True), self._reported_peak)
 
     def reset_peak(self) -> None:
+        self._restart_peak()
+        self._reported_peak = 0
+
+    def _restart_peak(self) -> None:
         if self.counter is not None:
             self.counter.reset_peak()
         self._tracked_peak = self.used
@@ -297,7 +302,7 @@ class CpuDevice:
         ``where`` (the op that just ran or is about to), or, when ``on_overrun`` is set, that
         message handed to it and the step goes on (PoocH sets it once parameters were updated:
         stopping then would lose the promise, and this device's memory is emulated)."""
-        total = self.peak
+        total = self.resident + self._activations(peak=True)
         if self.enforce and self.budget is not None and total > self.budget:
             if index is not None:
                 where = f"{where} {index}" + (f" ({type(function).__name__})" if function else "")
@@ -307,7 +312,9 @@ class CpuDevice:
             if self.on_overrun is None:
                 raise DeviceOutOfMemoryError(message)
             self.on_overrun(message, total)
-            self.reset_peak()        # one report per overrun, not one per op after it
+            # one report per overrun, not one per op after it; ``peak`` still shows it
+            self._reported_peak = max(self._reported_peak, total)
+            self._restart_peak()
 
     # ------------------------------------------------------------ copies
     def swap_out(self, array: Any, timed: bool = False) -> Transfer:

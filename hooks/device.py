@@ -38,16 +38,12 @@ import numpy as np
 
 import pooch_ext  # noqa: F401  (chainer import compat)
 
-from pooch_ext.errors import PoochError
+from pooch_ext.errors import DeviceOutOfMemoryError, PoochError  # noqa: F401  (importable here)
 from pooch_ext.hooks.model_state import resident_bytes
 from pooch_ext.hooks.linkemu import CopyThrottle
 from pooch_ext.links import Link, get_link
 
 UNLIMITED = 1 << 50   # capacity reported by the CPU device without a budget
-
-
-class DeviceOutOfMemoryError(PoochError, MemoryError):
-    """The device (the CPU device, measured or accounted) would hold more bytes than its budget."""
 
 
 @dataclass

@@ -30,6 +30,7 @@ _PUBLIC = {
     "PolicyDoesNotFitError": "pooch_ext.errors",
     "UnsupportedLoopError": "pooch_ext.errors",
     "RanksDisagreeError": "pooch_ext.errors",
+    "DeviceOutOfMemoryError": "pooch_ext.errors",
 }
 __all__ = sorted(_PUBLIC)
 

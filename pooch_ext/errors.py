@@ -81,6 +81,10 @@ class PolicyDoesNotFitError(BudgetTooSmallError):
                      f"smallest budget any plan reaches is {format_bytes(floor)}",)
 
 
+class DeviceOutOfMemoryError(PoochError, MemoryError):
+    """The device (the CPU device, measured or accounted) would hold more bytes than its budget."""
+
+
 class RanksDisagreeError(PoochError):
     """Data-parallel ranks (ChainerMN) that must run the same iteration do not: different
     models, batch sizes, graphs or PoocH settings. Raised on every rank alike."""

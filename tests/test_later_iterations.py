@@ -260,8 +260,8 @@ def test_an_update_rule_adds_no_device_memory_on_the_cpu_device():
 
 def test_memory_after_the_last_op_is_checked_against_the_budget():
     """What the loop holds after an iteration's last op (here an array the size of the
-    budget, made after backward from iteration 4 on, once planned) is measured
-    and reported as an overrun when it breaks the budget: no silent excess between ops."""
+    budget, made after backward from iteration 4 on, once planned) is measured and reported
+    as an overrun when it breaks the budget, and in the iteration's peak: no silent excess."""
     np.random.seed(0)
     model = PoolNet()
     optimizer = chainer.optimizers.MomentumSGD(0.05)
@@ -286,3 +286,6 @@ def test_memory_after_the_last_op_is_checked_against_the_budget():
     assert pooch.plan is not None
     late = [o for o in pooch.overruns if o["iteration"] >= 4]
     assert late and "after the iteration's last op" in late[0]["message"], pooch.overruns
+    # the iteration's recorded peak shows it too (the device's report does not hide it)
+    peaks = dict(zip(pooch.iterations["iteration"], pooch.iterations["peak_bytes"]))
+    assert peaks[late[0]["iteration"]] >= late[0]["held_bytes"] > budget
