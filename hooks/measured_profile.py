@@ -187,8 +187,8 @@ def _carried(profile: Profile, sample: IterationSample, schedule: pd.DataFrame,
     gradients and what nodes whose backward did not run keep (what else is held may be for a
     later pass), or as the update began after more passes (``chainer.grad``, then
     ``backward``: the graph then keeps the maps its nodes retain), charged to every forward
-    op. An upper bound: a loop that drops the graph, or
-    clears gradients before its forward, carries nothing."""
+    op. An upper bound: a loop that drops the graph, or clears gradients before its forward,
+    carries nothing."""
     levels = predicted["bytes"].to_numpy()
     carried = np.zeros(len(levels), np.int64)
     if sample.first and sample.end is not None and sample.end[0] < len(levels):
