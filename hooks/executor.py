@@ -27,7 +27,7 @@ from pooch_ext.hooks.map_actions import MapActions
 from pooch_ext.hooks.model_state import base_of
 from pooch_ext.hooks.ondemand import OnDemand
 from pooch_ext.hooks.program import Program
-from pooch_ext.hooks.split_conv import ConvSplit, split
+from pooch_ext.hooks.split_conv import ConvSplit, split, whole_backward
 from pooch_ext.hooks.split_exact import KNOWN
 from pooch_ext.hooks.runtime_device import RuntimeDevice
 from pooch_ext.trace import GraphTrace
@@ -375,7 +375,12 @@ class Executor(GraphRecorder):
 
     def on_revisit_begin(self, fwd_index: int, function: Any) -> None:
         """A later backward pass runs op ``fwd_index`` again: it finds what it reads (kept
-        there, as plain Chainer would, until the iteration ends)."""
+        there, as plain Chainer would, until the iteration ends), and runs whole: what the
+        first iteration measures of it is then what a planned one holds (the first one's
+        on-demand splits lowered a later pass's peak by 0.67 MB, 39%, below a plan's)."""
+        whole_backward(function)
+        if self.profiler is not None:
+            self.profiler.revisit_began()
         self.on_demand.restore_for(fwd_index)
         self.on_demand.after_op = []
 

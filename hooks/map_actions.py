@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
+from pooch_ext.builder import nbytes_of
 from pooch_ext.hooks import codecs
 from pooch_ext.hooks.chainer_refs import (node_array, retained_outputs, set_node_array,
                                           set_retained_outputs, variable_array)
@@ -150,6 +151,12 @@ class MapActions:
         slot.dropped_node = slot.dropped_retained = False
         self.executor.register_array(array, tensor)
         self.executor.device.track(array, tensor)
+
+    def absent_bytes(self) -> int:
+        """Bytes of the iteration's maps not on the device now (on the host, freed, encoded)."""
+        tensors = self.executor.trace.tensors
+        return sum(nbytes_of(tensors[t].shape, tensors[t].dtype) for t, slot in self.slots.items()
+                   if slot.state in ("host", "freed", "encoded"))
 
     def slot(self, tensor: int) -> Slot:
         slot = self.slots.get(tensor)

@@ -24,6 +24,7 @@ import pandas as pd
 from pooch_ext.errors import ProfileError
 from pooch_ext.links import Link
 from pooch_ext.profile import Device, Profile
+from pooch_ext.hooks.later_iterations import carried_bytes, later_gaps
 from pooch_ext.sim.model import HELD_BETWEEN_OPS
 from pooch_ext.trace import GraphTrace
 
@@ -47,6 +48,7 @@ class IterationSample:
     peak_bytes: dict[int, int] = field(default_factory=dict)
     entry_bytes: dict[int, int] = field(default_factory=dict)   # op -> bytes held as it starts
     gap_bytes: dict[int, int] = field(default_factory=dict)     # op -> peak just before it
+    inside_bytes: dict[int, int] = field(default_factory=dict)  # op -> peak inside it
     schedule: pd.DataFrame | None = None    # what it did to feature maps (None: passive)
     # host seconds between the op before's end and this op's start (wall-clock timers only):
     # Chainer's and the model's Python between functions, PoocH's hooks and actions
@@ -106,39 +108,40 @@ def unmodelled_bytes(profile: Profile, samples: list[IterationSample]) -> dict[i
     excess: dict[int, int] = {}
     for sample, predicted, carried in _modelled(profile, samples):
         peaks = predicted["peak_bytes"].to_numpy()
-        gaps = _later_gaps(sample, carried)
         for op, measured in sample.peak_bytes.items():
+            if op == 0 and 0 in sample.inside_bytes:
+                # the first op's own peak: what the last iteration's tail held before it is
+                # ``gap_floors``' (compared with a split op's prediction, the two together
+                # counted the split's saving again on the whole op)
+                measured = sample.inside_bytes[0]
             if 0 <= op < len(peaks) - 1:
-                measured = max(measured + int(carried[op]), gaps.get(op, 0))
-                excess[op] = max(excess.get(op, 0), int(measured - peaks[op]) + SLACK_BYTES)
+                excess[op] = max(excess.get(op, 0),
+                                 int(measured + carried[op] - peaks[op]) + SLACK_BYTES)
     return {op: nbytes for op, nbytes in excess.items() if nbytes > 0}
 
 
 def gap_floors(profile: Profile, samples: list[IterationSample]) -> dict[int, int]:
-    """Per op, the most bytes above the model's level there that the device held just before
-    the op began (after the op before it ended): what no configuration of the op changes.
-    Before the first op that is the last iteration's tail (its later backward passes, the
-    update, the loop's own code), which a profile adds to that op's transient bytes
-    (``unmodelled_bytes``); a split of the op cuts its own scratch, never this
-    (measured: ``chainer.grad`` then ``backward``, 124 KB before the first convolution of a
-    net whose split configurations promised 88 KB)."""
+    """{0: the most bytes above the model's level at the first op that the device held before
+    it began}: the last iteration's tail (its later backward passes, the update, the loop's
+    own code), the least transient bytes a profile gives that op, whole or split: a split of
+    the op cuts its own scratch, never this (measured: ``chainer.grad`` then ``backward``,
+    124 KB before the first convolution of a net whose split configurations promised 88 KB).
+    Between later ops the gap is the boundary's actions (a recompute's run), which the model
+    has (sim/memory.py rule 4): their peaks stay the ops' (``unmodelled_bytes``)."""
     floors: dict[int, int] = {}
+    first = profile.ops.iloc[0]
     for sample, predicted, carried in _modelled(profile, samples):
-        levels = predicted["bytes"].to_numpy()
-        for op, gap in _later_gaps(sample, carried).items():
-            if 0 <= op < len(levels) - 1:
-                floors[op] = max(floors.get(op, 0), int(gap - levels[op]) + SLACK_BYTES)
+        gap = later_gaps(sample, carried).get(0)
+        if gap is None or len(predicted) < 2:
+            continue
+        # the model's peak at the op less the op's own scratch as the sample ran it: what
+        # the model holds there anyway (gradients held through forward, the op's output)
+        pieces = _ran_configs(profile, sample).get(0, 1)
+        own = next((c[1] for c in first["configs"] if c[0] == pieces),
+                   first["transient_bytes"])
+        held = int(predicted["peak_bytes"].iloc[0]) - int(own)
+        floors[0] = max(floors.get(0, 0), int(gap - held) + SLACK_BYTES)
     return {op: nbytes for op, nbytes in floors.items() if nbytes > 0}
-
-
-def _later_gaps(sample: IterationSample, carried: np.ndarray) -> dict[int, int]:
-    """``sample.gap_bytes`` as a later iteration would measure them: with what it carries
-    (``_carried``), and before the first op the first iteration's tail (``tail_peak``)."""
-    gaps = {op: gap + int(carried[op]) for op, gap in sample.gap_bytes.items()
-            if op < len(carried)}
-    if sample.first and sample.tail_peak is not None:
-        gaps[0] = max(gaps.get(0, 0), sample.tail_peak)
-    return gaps
 
 
 def held_between_ops(profile: Profile, samples: list[IterationSample]) -> dict[int, int]:
@@ -172,40 +175,9 @@ def _modelled(profile: Profile, samples: list[IterationSample]) -> Iterator[tupl
         # maps the model classifies, at the graph's boundaries (others are modelled events)
         schedule = ran[ran["tensor"].isin(maps) & (ran["boundary"] <= profile.n_ops)]
         predicted = schedule_memory(profile, schedule, _ran_configs(profile, sample))
-        yield sample, predicted, _carried(profile, sample, schedule, predicted)
-
-
-def _carried(profile: Profile, sample: IterationSample, schedule: pd.DataFrame,
-             predicted: pd.DataFrame) -> np.ndarray:
-    """Per op, the bytes an iteration after ``sample`` may hold that it did not: the first
-    iteration has no earlier graph, but a loop that keeps its loss Variable (``loss =
-    ...; loss.backward()``, L.Classifier's ``self.loss``) holds the last graph until the
-    next forward ends (what its nodes kept for a backward that ran goes as the iteration
-    ends: Executor._drop_node_state), and a loop that clears gradients after its forward
-    holds the last ones. That is what the device held as the first backward pass completed
-    above the model's level there (before the iteration end's own actions), at most those
-    gradients and what nodes whose backward did not run keep (what else is held may be for a
-    later pass), or as the update began after more passes (``chainer.grad``, then
-    ``backward``: the graph then keeps the maps its nodes retain), charged to every forward
-    op. An upper bound: a loop that drops the graph, or clears gradients before its forward,
-    carries nothing."""
-    levels = predicted["bytes"].to_numpy()
-    carried = np.zeros(len(levels), np.int64)
-    if sample.first and sample.end is not None and sample.end[0] < len(levels):
-        boundary, held, every_pass = sample.end
-        level = int(levels[boundary])
-        if boundary == len(levels) - 1:      # the iteration end's actions came after
-            nbytes = dict(zip(profile.feature_maps["tensor"], profile.feature_maps["bytes"]))
-            at_end = schedule[schedule["boundary"] == boundary]
-            sign = at_end["action"].map({"swap_in": -1, "recompute": -1, "free": 1,
-                                         "release": 1}).fillna(0)
-            level += int(sum(s * nbytes[int(t)] for s, t in zip(sign, at_end["tensor"])))
-        ran = set(sample.trace.backward_order) | set(sample.trace.revisited)
-        own = math.inf if every_pass else sum(
-            nbytes for k, nbytes in sample.saved_bytes.items() if k not in ran) + sum(
-            nbytes for nbytes, _, _ in cleared_gradients(sample.trace, [sample]))
-        carried[:len(profile.forward_ops)] = max(0, min(held - level, own))
-    return carried
+        cleared = sum(nbytes for nbytes, _, _ in cleared_gradients(sample.trace, [sample])) \
+            if sample.first else 0
+        yield sample, predicted, carried_bytes(profile, sample, schedule, predicted, cleared)
 
 
 def runtime_seconds(samples: list[IterationSample], n_fwd: int) -> dict[int, float]:
@@ -331,7 +303,7 @@ def _measured_costs(use: list[IterationSample], k: int, j: int, calls: dict,
     ``use``: least times, maxima of scratch, each as the whole op would have taken where
     a sample ran it split; with its split configurations where ``configs_of`` offers some.
     ``tail``: (seconds, scratch bytes) run right after the backward op (``build_profile``);
-    ``floor``: the forward configurations' least transient bytes (``gap_floors``)."""
+    ``floor``: the least transient bytes of the op, whole or split (``gap_floors``)."""
     change = {s.iteration: _split_change(s, k, calls, configs_of) for s in use}
     # a whole op's time from a split run less the split's measured change: timing noise can
     # take it below zero (a split's change is measured on probes, once), never a real time
@@ -342,8 +314,8 @@ def _measured_costs(use: list[IterationSample], k: int, j: int, calls: dict,
                  if any(k in s.rerun_s for s in use) else None),
         backward_s=max(0.0, _least([s.backward_s[k] - change[s.iteration][1][1]
                                     for s in use if k in s.backward_s])),
-        transient_bytes=max([s.scratch.get(k, 0) - change[s.iteration][0][0]
-                             for s in use]) + unmodelled.get(k, 0),
+        transient_bytes=max(floor, max([s.scratch.get(k, 0) - change[s.iteration][0][0]
+                                        for s in use]) + unmodelled.get(k, 0)),
         backward_transient_bytes=(max([s.scratch.get(j, 0) - change[s.iteration][1][0]
                                        for s in use])
                                   + unmodelled.get(j, 0)) if j >= 0 else 0,

@@ -72,13 +72,18 @@ class Profiler:
         self._peaks: dict[int, int] = {}      # op window -> measured device peak
         self._entry: dict[int, int] = {}      # op window -> device bytes held as it starts
         self._gaps: dict[int, int] = {}       # op window -> device peak just before it
+        self._inside: dict[int, int] = {}     # op window -> device peak inside it
         self._gap_peak = 0
         self._window_live = 0
         self._nonzero: dict[int, float] = {}
         self._codec_s: dict[str, list[tuple[float, float]]] = {}
         self._codecs_timed = 0
         self._end: tuple[int, int, bool] | None = None   # IterationSample.end
-        self._on_host_after_first_pass = 0   # map bytes on the host as the first pass ended
+        # after the first pass: the most bytes a later pass could have held at once with the
+        # maps that were off the device (on demand) on it, as in a planned iteration, and
+        # the bytes off it as the stretch since the last revisited op began
+        self._tail_upper = 0
+        self._tail_host = 0
 
     # ------------------------------------------------------------ switching
     @property
@@ -150,6 +155,7 @@ class Profiler:
                 self._scratch[window] = max(self._scratch.get(window, 0), scratch)
                 self._peaks[window] = max(self._peaks.get(window, 0),
                                           device.held(max(inside, self._gap_peak)))
+                self._inside[window] = max(self._inside.get(window, 0), device.held(inside))
                 counter.reset_window()
             self._timing = None
             self.log.op = -1
@@ -204,7 +210,17 @@ class Profiler:
             self._end = (len(trace.ops) + len(trace.backward_order),
                          executor.device.held(counter.live()), every_pass)
             if not every_pass:
-                self._on_host_after_first_pass = int(getattr(executor.device, "host_bytes", 0))
+                self._tail_upper, self._tail_host = 0, executor.maps.absent_bytes()
+
+    def revisit_began(self) -> None:
+        """A later backward pass reaches another op: the stretch before it held at most its
+        peak and the maps off the device at its start (a later pass only brings maps back)."""
+        device = self.executor.device
+        counter = getattr(device, "counter", None)
+        if counter is not None and self._end is not None and self._timing is None:
+            self._tail_upper = max(self._tail_upper,
+                                   device.held(counter.window()) + self._tail_host)
+            self._tail_host = self.executor.maps.absent_bytes()
 
     def iteration_ending(self) -> None:
         self._stop()
@@ -217,6 +233,7 @@ class Profiler:
         self._peaks = {k - n_ops: v for k, v in self._peaks.items() if k >= n_ops}
         self._entry = {k - n_ops: v for k, v in self._entry.items() if k >= n_ops}
         self._gaps = {k - n_ops: v for k, v in self._gaps.items() if k >= n_ops}
+        self._inside = {k - n_ops: v for k, v in self._inside.items() if k >= n_ops}
         self._conv_calls = {k - n_ops: v for k, v in self._conv_calls.items() if k >= n_ops}
         self._saved = {k - n_ops: v for k, v in self._saved.items() if k >= n_ops}
         self._rerun_timers = {k - n_ops: v for k, v in self._rerun_timers.items() if k >= n_ops}
@@ -330,12 +347,14 @@ class Profiler:
             sample.peak_bytes = dict(self._peaks)
             sample.entry_bytes = dict(self._entry)
             sample.gap_bytes = dict(self._gaps)
+            sample.inside_bytes = dict(self._inside)
             if self._timing is None:
-                # later passes of a first iteration ran with its maps swapped out (on demand),
+                # later passes of a first iteration ran with maps swapped out (on demand),
                 # which a planned iteration that keeps them for those passes holds as well
+                tail = device.held(device.counter.window())
                 later_passes = self._end is not None and self._end[2]
-                sample.tail_peak = device.held(device.counter.window()) + (
-                    self._on_host_after_first_pass if later_passes else 0)
+                sample.tail_peak = max(self._tail_upper, tail + self._tail_host) \
+                    if later_passes else tail
         sample.schedule = self._ran_schedule()
         sample.nonzero = dict(self._nonzero)
         sample.codec_s = {codec: list(values) for codec, values in self._codec_s.items()}

@@ -25,7 +25,7 @@ tests pass (results/gpu/README.md).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy
@@ -88,6 +88,16 @@ def split(function: Any, config: ConvSplit, checked: bool | str = True) -> None:
         set_compute_core(function, forward)
     if config.input_grad > 1 or config.weight_grad > 1:
         function.backward = WeaklyBound(backward, function)
+
+
+def whole_backward(function: Any) -> None:
+    """From now on ``function``'s backward runs whole, as Chainer's (its forward ran split or
+    not): a later backward pass over the same graph (``chainer.grad``, then ``backward``)
+    runs after the op's last one the plan knows of, where no split of it is planned."""
+    split_state = getattr(function, "_pooch_split", None)
+    if split_state is not None:
+        config, checked = split_state
+        function._pooch_split = (replace(config, input_grad=1, weight_grad=1), checked)
 
 
 def _backward(self: Any, indexes: tuple, grad_outputs: tuple) -> list:

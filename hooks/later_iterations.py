@@ -1,0 +1,57 @@
+"""What an iteration after the first holds that the first did not, for a profile made of the
+first iteration's measurements alone (the one PoocH checks the budget on before any update):
+the last graph a loop keeps through the next forward, the gradients it clears only after
+that forward, and the tail of the last iteration (later backward passes, the update, the
+loop's own code) before the next one's first op. ``sample`` is a
+hooks/measured_profile.IterationSample."""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from pooch_ext.profile import Profile
+
+
+def carried_bytes(profile: Profile, sample: Any, schedule: pd.DataFrame,
+                  predicted: pd.DataFrame, cleared: int) -> np.ndarray:
+    """Per op, the bytes an iteration after ``sample`` may hold that it did not: the first
+    iteration has no earlier graph, but a loop that keeps its loss Variable (``loss =
+    ...; loss.backward()``, L.Classifier's ``self.loss``) holds the last graph until the
+    next forward ends (what its nodes kept for a backward that ran goes as the iteration
+    ends: Executor._drop_node_state), and a loop that clears gradients after its forward
+    holds the last ones. That is what the device held as the first backward pass completed
+    above the model's level there (before the iteration end's own actions), at most those
+    gradients (``cleared`` bytes) and what nodes whose backward did not run keep (what else
+    is held may be for a later pass), or as the update began after more passes
+    (``chainer.grad``, then ``backward``: the graph then keeps the maps its nodes retain),
+    charged to every forward op. An upper bound: a loop that drops the graph, or clears
+    gradients before its forward, carries nothing."""
+    levels = predicted["bytes"].to_numpy()
+    carried = np.zeros(len(levels), np.int64)
+    if sample.first and sample.end is not None and sample.end[0] < len(levels):
+        boundary, held, every_pass = sample.end
+        level = int(levels[boundary])
+        if boundary == len(levels) - 1:      # the iteration end's actions came after
+            nbytes = dict(zip(profile.feature_maps["tensor"], profile.feature_maps["bytes"]))
+            at_end = schedule[schedule["boundary"] == boundary]
+            sign = at_end["action"].map({"swap_in": -1, "recompute": -1, "free": 1,
+                                         "release": 1}).fillna(0)
+            level += int(sum(s * nbytes[int(t)] for s, t in zip(sign, at_end["tensor"])))
+        ran = set(sample.trace.backward_order) | set(sample.trace.revisited)
+        own = math.inf if every_pass else sum(
+            nbytes for k, nbytes in sample.saved_bytes.items() if k not in ran) + cleared
+        carried[:len(profile.forward_ops)] = max(0, min(held - level, own))
+    return carried
+
+
+def later_gaps(sample: Any, carried: np.ndarray) -> dict[int, int]:
+    """``sample.gap_bytes`` as a later iteration would measure them: with what it carries
+    (``carried_bytes``), and before the first op the first iteration's tail (``tail_peak``)."""
+    gaps = {op: gap + int(carried[op]) for op, gap in sample.gap_bytes.items()
+            if op < len(carried)}
+    if sample.first and sample.tail_peak is not None:
+        gaps[0] = max(gaps.get(0, 0), sample.tail_peak)
+    return gaps
