@@ -21,142 +21,11 @@ import chainer
 import chainer.functions as F
 import chainer.links as L
 
-from pooch_ext.errors import BudgetTooSmallError
 from pooch_ext.hooks.cpu_device import CpuDevice
 from pooch_ext.pooch import PoocH
 from pooch_ext.sim.budgets import minimum_budget
-from pooch_ext.testing import model_state, states_equal
-
-ITERS = 4
-
-
-class PoolNet(chainer.Chain):
-    """Max pooling keeps an int64 argmax per output (twice the bytes of a float32 map)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        with self.init_scope():
-            self.c1 = L.Convolution2D(3, 8, 3, pad=1)
-            self.c2 = L.Convolution2D(8, 16, 3, pad=1)
-            self.fc = L.Linear(16 * 4 * 4, 5)
-
-    def forward(self, x):
-        h = F.max_pooling_2d(F.relu(self.c1(x)), 2)
-        h = F.max_pooling_2d(F.relu(self.c2(h)), 2)
-        return self.fc(h)
-
-
-class WideNet(chainer.Chain):
-    """Where a forward op binds the smallest budget (the net the overrun was found on):
-    the argmax arrays the last graph keeps count there."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        with self.init_scope():
-            self.c1 = L.Convolution2D(3, 16, 3, pad=1)
-            self.c2 = L.Convolution2D(16, 32, 3, pad=1)
-            self.c3 = L.Convolution2D(32, 32, 3, pad=1)
-            self.fc = L.Linear(32 * 8 * 8, 5)
-
-    def forward(self, x):
-        h = F.max_pooling_2d(F.relu(self.c1(x)), 2)
-        h = F.relu(self.c2(h))
-        h = F.max_pooling_2d(F.relu(self.c3(h)), 2)
-        return self.fc(h)
-
-
-class NormNet(chainer.Chain):
-    """BatchNormalization keeps its batch statistics on the node."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        with self.init_scope():
-            self.c1 = L.Convolution2D(3, 8, 3, pad=1)
-            self.bn = L.BatchNormalization(8)
-            self.c2 = L.Convolution2D(8, 8, 3, pad=1)
-            self.fc = L.Linear(8 * 16 * 16, 5)
-
-    def forward(self, x):
-        return self.fc(F.relu(self.c2(F.relu(self.bn(self.c1(x))))))
-
-
-def _batches(n: int = ITERS, side: int = 16, batch: int = 8) -> list:
-    rng = np.random.RandomState(3)
-    return [(rng.rand(batch, 3, side, side).astype(np.float32),
-             rng.randint(0, 5, batch).astype(np.int32)) for _ in range(n)]
-
-
-def _keeps_loss(model, optimizer, batches, values):
-    for x, t in batches:
-        loss = F.softmax_cross_entropy(model(x), t)   # the last graph lives until here
-        model.cleargrads()
-        loss.backward()
-        optimizer.update()
-        values.append(float(loss.array))
-
-
-def _classifier(model, optimizer, batches, values):
-    classifier = L.Classifier(model)                   # holds self.loss, self.y
-    for x, t in batches:
-        optimizer.update(classifier, x, t)
-        values.append(float(classifier.loss.array))
-
-
-def _drops_loss(model, optimizer, batches, values):
-    for x, t in batches:
-        loss = F.softmax_cross_entropy(model(x), t)
-        model.cleargrads()
-        loss.backward()
-        optimizer.update()
-        values.append(float(loss.array))
-        del loss
-
-
-def _grad_then_backward(model, optimizer, batches, values):
-    for x, t in batches:
-        y = model(x)
-        loss = F.softmax_cross_entropy(y, t)
-        gy, = chainer.grad([loss], [y])                  # a first, partial backward pass
-        model.cleargrads()
-        loss.backward()                                  # the second runs the whole graph
-        optimizer.update()
-        values.append((float(loss.array), float(abs(gy.array).sum())))
-
-
-def _input_saliency(model, optimizer, batches, values):
-    for x, t in batches:
-        x = chainer.Variable(x)
-        loss = F.softmax_cross_entropy(model(x), t)
-        gx, = chainer.grad([loss], [x])                  # a first pass through every op
-        model.cleargrads()
-        loss.backward()                                  # the second runs them all again
-        optimizer.update()
-        values.append((float(loss.array), float(abs(gx.array).sum())))
-
-
-LOOPS = {"keeps_loss": _keeps_loss, "classifier": _classifier, "drops_loss": _drops_loss,
-         "grad_then_backward": _grad_then_backward, "input_saliency": _input_saliency}
-NETS = {"pool": PoolNet, "norm": NormNet, "wide": WideNet}
-DATA = {"wide": dict(side=32, batch=32)}     # the shapes the overrun was found with
-
-
-def _run(net: str, loop: str, pooch: dict | None):
-    np.random.seed(0)
-    model = NETS[net]()
-    optimizer = chainer.optimizers.MomentumSGD(0.05)
-    optimizer.setup(model)
-    values: list = []
-    initial = model_state(model, optimizer)
-    runtime, error = None, None
-    with contextlib.ExitStack() as stack:
-        if pooch is not None:
-            runtime = stack.enter_context(PoocH(model, device=CpuDevice(), verbose=False,
-                                                **pooch))
-        try:
-            LOOPS[loop](model, optimizer, _batches(**DATA.get(net, {})), values)
-        except BudgetTooSmallError as refusal:
-            error = refusal
-    return values, model_state(model, optimizer), initial, runtime, error
+from pooch_ext.loop_styles import LOOPS, PoolNet, batches, drops_loss, run
+from pooch_ext.testing import states_equal
 
 
 CASES = [(net, loop) for net in ("pool", "norm") for loop in sorted(LOOPS)] + \
@@ -171,12 +40,12 @@ def test_a_budget_accepted_on_the_first_iteration_holds_in_every_later_one(net, 
     later iterations need (it counts what a loop may carry into the next forward, and a later
     backward pass with the maps the first iteration had off the device), never 5% more."""
     margin = 1.05
-    plain, plain_state, _, _, _ = _run(net, loop, None)
-    _, _, _, roomy, _ = _run(net, loop, dict(profile_iters=3, policy="pooch"))
+    plain, plain_state, _, _, _ = run(net, loop, None)
+    _, _, _, roomy, _ = run(net, loop, dict(profile_iters=3, policy="pooch"))
     later = minimum_budget(roomy.profile)
     budgets = {minimum_budget(roomy.checked_profile), later - 1, later, int(later * margin)}
     for budget in sorted(budgets):
-        values, state, initial, pooch, error = _run(net, loop, dict(profile_iters=3,
+        values, state, initial, pooch, error = run(net, loop, dict(profile_iters=3,
                                                                     budget=budget))
         if error is not None:
             assert values == [] and states_equal(state, initial), "refused after an update"
@@ -200,8 +69,8 @@ def test_a_kept_graph_lets_go_of_its_nodes_state_as_the_next_iteration_begins():
         return max([b for op, b in pooch.profile.meta.get(HELD_BETWEEN_OPS, []) if op < n_fwd],
                    default=0)
 
-    _, _, _, kept, _ = _run("pool", "keeps_loss", dict(profile_iters=3))
-    _, _, _, dropped, _ = _run("pool", "drops_loss", dict(profile_iters=3))
+    _, _, _, kept, _ = run("pool", "keeps_loss", dict(profile_iters=3))
+    _, _, _, dropped, _ = run("pool", "drops_loss", dict(profile_iters=3))
     argmax = sum(kept.profiler.samples[-1].saved_bytes.values())
     assert argmax > 32 * 1024
     assert forward_held(kept) <= forward_held(dropped) + 1024, \
@@ -213,7 +82,7 @@ def test_a_kept_graph_lets_go_of_its_nodes_state_as_the_next_iteration_begins():
     optimizer.setup(model)
     with PoocH(model, device=CpuDevice(), profile_iters=1, verbose=False):
         old = None
-        for x, t in _batches():
+        for x, t in batches():
             loss = F.softmax_cross_entropy(model(x), t)
             if old is not None:
                 pools = [n for n in _nodes(old) if type(n).__name__ == "MaxPoolingND"]
@@ -276,9 +145,9 @@ def test_memory_after_the_last_op_is_checked_against_the_budget():
     model = PoolNet()
     optimizer = chainer.optimizers.MomentumSGD(0.05)
     optimizer.setup(model)
-    batches = _batches(6)
+    data = batches(6)
     with PoocH(model, device=CpuDevice(), profile_iters=2, verbose=False) as probe:
-        _drops_loss(model, optimizer, batches[:3], [])
+        drops_loss(model, optimizer, data[:3], [])
     budget = minimum_budget(probe.profile)
     np.random.seed(0)
     model = PoolNet()
@@ -286,7 +155,7 @@ def test_memory_after_the_last_op_is_checked_against_the_budget():
     optimizer.setup(model)
     with PoocH(model, device=CpuDevice(), profile_iters=2, budget=budget,
                verbose=False) as pooch:
-        for i, (x, t) in enumerate(batches):
+        for i, (x, t) in enumerate(data):
             loss = F.softmax_cross_entropy(model(x), t)
             model.cleargrads()
             loss.backward()
