@@ -389,6 +389,10 @@ class Executor(GraphRecorder):
         if self.link_added is not None:
             self.link_added(link)
 
+    def settled(self, trace: GraphTrace) -> GraphTrace:
+        """``trace`` (this iteration's, in progress) settled as its end would settle it."""
+        return self._holding.settled(trace)
+
     def _drop_node_state(self, trace: GraphTrace) -> None:
         """The ended iteration's nodes whose backward ran let go of what they kept for it
         (pooling argmax, BatchNormalization statistics): a loop that keeps its ``loss``

@@ -9,6 +9,7 @@ whose backward never ran, retains is held as long as they were.
 """
 from __future__ import annotations
 
+import dataclasses
 import weakref
 from typing import Any, Callable
 
@@ -67,9 +68,20 @@ class HoldingWatch:
             if cell[1] >= 0:
                 cell[1] = max(0, cell[1] - n_ops)
 
+    def settled(self, trace: GraphTrace) -> GraphTrace:
+        """A copy of ``trace`` settled as if the iteration ended now (the watches go on): the
+        trace a check before the iteration ends plans with, as its end will."""
+        copy = dataclasses.replace(trace, tensors=[dataclasses.replace(t) for t in trace.tensors])
+        self._settle(copy)
+        return copy
+
     def settle(self, trace: GraphTrace) -> None:
         """The iteration ended: every tensor's ``held_until`` from what was seen; the watches
         end here."""
+        self._settle(trace)
+        self._refs = []
+
+    def _settle(self, trace: GraphTrace) -> None:
         for record in trace.tensors:      # still held by something as the iteration ends
             if record.held_until == STILL_HELD:
                 record.held_until = HELD_TO_END
@@ -89,4 +101,3 @@ class HoldingWatch:
                 record = trace.tensors[t]
                 if record.producer >= 0 and record.held_until != HELD_TO_END:
                     record.held_until = max(record.held_until, until)
-        self._refs = []

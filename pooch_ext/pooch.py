@@ -289,8 +289,8 @@ class PoocH(PoochResults):
         self._checked_passes = trace.passes
         try:
             with self.device.host_side():   # planning data is the host's, not the device's
-                self.checked_profile = self._build_profile(
-                    [self.profiler.current_sample(trace)])
+                self.checked_profile = self._build_profile(     # settled as its end will be
+                    [self.profiler.current_sample(self.runtime.settled(trace))])
                 self._agreed(self.checked_profile, self._check_fits)
         except BaseException as error:
             return error
