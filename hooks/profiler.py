@@ -16,6 +16,7 @@ into the measured Profile.
 """
 from __future__ import annotations
 
+import gc
 import time
 from typing import Any
 
@@ -206,6 +207,7 @@ class Profiler:
         executor = self.executor
         counter = getattr(executor.device, "counter", None)
         if counter is not None:
+            gc.collect(1)   # what stays held, not the young cyclic garbage a collection frees
             trace = executor.trace
             self._end = (len(trace.ops) + len(trace.backward_order),
                          executor.device.held(counter.live()), every_pass)
