@@ -400,7 +400,11 @@ class Executor(GraphRecorder):
         holds none of it (measured: 1.57 MB of argmax on a three-convolution net at batch
         32, 15% of its smallest budget). Nothing runs those nodes' backward again: their
         retained maps went at that backward already (a second ``loss.backward()`` on an
-        earlier iteration's graph failed before this too)."""
+        earlier iteration's graph failed before this too). Not while a backward pass still
+        runs, nor after an unsupported iteration (double backprop: a gradient's product can
+        begin what looks like the next iteration while the old graph is read again)."""
+        if self._pass_depth or trace.unsupported:
+            return      # a backward pass may still run over that graph (double backprop)
         ran = set(trace.backward_order) | set(trace.revisited)
         for k, ref in enumerate(self.functions):
             node = ref() if k in ran else None
