@@ -168,4 +168,3 @@ def test_memory_after_the_last_op_is_checked_against_the_budget():
     # the iteration's recorded peak shows it too (the device's report does not hide it)
     peaks = dict(zip(pooch.iterations["iteration"], pooch.iterations["peak_bytes"]))
     assert peaks[late[0]["iteration"]] >= late[0]["held_bytes"] > budget
-
