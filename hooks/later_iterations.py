@@ -15,8 +15,8 @@ import pandas as pd
 from pooch_ext.profile import Profile
 
 
-def carried_bytes(profile: Profile, sample: Any, schedule: pd.DataFrame,
-                  predicted: pd.DataFrame, cleared: int) -> np.ndarray:
+def carried_bytes(profile: Profile, sample: Any, predicted: pd.DataFrame,
+                  cleared: int) -> np.ndarray:
     """Per op, the bytes an iteration after ``sample`` may hold that it did not: the first
     iteration has no earlier graph, but a loop that keeps its loss Variable (``loss =
     ...; loss.backward()``, L.Classifier's ``self.loss``) holds the last graph until the
@@ -29,17 +29,12 @@ def carried_bytes(profile: Profile, sample: Any, schedule: pd.DataFrame,
     (``chainer.grad``, then ``backward``: the graph then keeps the maps its nodes retain),
     charged to every forward op. An upper bound: a loop that drops the graph, or clears
     gradients before its forward, carries nothing."""
-    levels = predicted["bytes"].to_numpy()
-    carried = np.zeros(len(levels), np.int64)
-    if sample.first and sample.end is not None and sample.end[0] < len(levels):
+    carried = np.zeros(len(predicted), np.int64)
+    if sample.first and sample.end is not None and sample.end[0] < len(predicted):
         boundary, held, every_pass = sample.end
-        level = int(levels[boundary])
-        if boundary == len(levels) - 1:      # the iteration end's actions came after
-            nbytes = dict(zip(profile.feature_maps["tensor"], profile.feature_maps["bytes"]))
-            at_end = schedule[schedule["boundary"] == boundary]
-            sign = at_end["action"].map({"swap_in": -1, "recompute": -1, "free": 1,
-                                         "release": 1}).fillna(0)
-            level += int(sum(s * nbytes[int(t)] for s, t in zip(sign, at_end["tensor"])))
+        # at the iteration's last boundary, its own actions came after the measurement
+        level = int(predicted["bytes_before" if boundary == len(predicted) - 1
+                              else "bytes"].iloc[boundary])
         ran = set(sample.trace.backward_order) | set(sample.trace.revisited)
         own = math.inf if every_pass else sum(
             nbytes for k, nbytes in sample.saved_bytes.items() if k not in ran) + cleared

@@ -177,7 +177,7 @@ def _modelled(profile: Profile, samples: list[IterationSample]) -> Iterator[tupl
         predicted = schedule_memory(profile, schedule, _ran_configs(profile, sample))
         cleared = sum(nbytes for nbytes, _, _ in cleared_gradients(sample.trace, [sample])) \
             if sample.first else 0
-        yield sample, predicted, carried_bytes(profile, sample, schedule, predicted, cleared)
+        yield sample, predicted, carried_bytes(profile, sample, predicted, cleared)
 
 
 def runtime_seconds(samples: list[IterationSample], n_fwd: int) -> dict[int, float]:

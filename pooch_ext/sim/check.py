@@ -167,7 +167,8 @@ class _Replay:
 
 def schedule_memory(profile: Profile, schedule: pd.DataFrame,
                     configs: dict[int, int] | None = None) -> pd.DataFrame:
-    """Device bytes at each boundary (after its actions) and the peak while op b runs.
+    """Device bytes at each boundary (``bytes``: after its actions; ``bytes_before``: before
+    them) and the peak while op b runs.
 
     Every non-feature-map event stays where the profile has it; feature maps are allocated
     by their producer and by swap_in / recompute, dropped by release / free. ``configs``:
@@ -189,4 +190,5 @@ def schedule_memory(profile: Profile, schedule: pd.DataFrame,
                 extra[b] = max(extra[b], model.rc_extra[i] + model.between[b])
     level = levels_from_changes(model.base_level, change)
     return pd.DataFrame({"boundary": np.arange(n + 1), "bytes": level,
+                         "bytes_before": level - change[: n + 1],
                          "peak_bytes": tops(level, peak_inc, extra)})
