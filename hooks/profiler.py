@@ -70,11 +70,9 @@ class Profiler:
         self._own_s = 0.0
         self._own_before: dict[int, float] = {}
         self._scratch: dict[int, int] = {}    # op window -> measured scratch bytes
-        self._peaks: dict[int, int] = {}      # op window -> measured device peak
         self._entry: dict[int, int] = {}      # op window -> device bytes held as it starts
         self._gaps: dict[int, int] = {}       # op window -> device peak just before it
         self._inside: dict[int, int] = {}     # op window -> device peak inside it
-        self._gap_peak = 0
         self._window_live = 0
         self._nonzero: dict[int, float] = {}
         self._codec_s: dict[str, list[tuple[float, float]]] = {}
@@ -132,8 +130,8 @@ class Profiler:
         self._timing = (window, timer)
         counter = getattr(device, "counter", None)
         if counter is not None:
-            self._gap_peak = counter.window()   # since the op before ended: this boundary
-            self._gaps[window] = max(self._gaps.get(window, 0), device.held(self._gap_peak))
+            # since the op before ended: this boundary
+            self._gaps[window] = max(self._gaps.get(window, 0), device.held(counter.window()))
             self._window_live = counter.live()
             self._entry[window] = max(self._entry.get(window, 0),
                                       device.held(self._window_live))
@@ -154,8 +152,6 @@ class Profiler:
                 scratch = inside - max(self._window_live, counter.live())
                 window = self._timing[0]
                 self._scratch[window] = max(self._scratch.get(window, 0), scratch)
-                self._peaks[window] = max(self._peaks.get(window, 0),
-                                          device.held(max(inside, self._gap_peak)))
                 self._inside[window] = max(self._inside.get(window, 0), device.held(inside))
                 counter.reset_window()
             self._timing = None
@@ -232,7 +228,6 @@ class Profiler:
         self._fwd_timers = {k - n_ops: v for k, v in self._fwd_timers.items() if k >= n_ops}
         self._scratch = {k - n_ops: v for k, v in self._scratch.items() if k >= n_ops}
         self._nonzero = {t - n_tensors: v for t, v in self._nonzero.items() if t >= n_tensors}
-        self._peaks = {k - n_ops: v for k, v in self._peaks.items() if k >= n_ops}
         self._entry = {k - n_ops: v for k, v in self._entry.items() if k >= n_ops}
         self._gaps = {k - n_ops: v for k, v in self._gaps.items() if k >= n_ops}
         self._inside = {k - n_ops: v for k, v in self._inside.items() if k >= n_ops}
@@ -346,7 +341,9 @@ class Profiler:
                 sample.transfers.append(("h2d", transfer.nbytes, in_s))
         sample.allocations = list(self.log.events)
         if counts:
-            sample.peak_bytes = dict(self._peaks)
+            # from the end of the op before to the op's own end (its boundary's actions too)
+            sample.peak_bytes = {w: max(inside, self._gaps.get(w, 0))
+                                 for w, inside in self._inside.items()}
             sample.entry_bytes = dict(self._entry)
             sample.gap_bytes = dict(self._gaps)
             sample.inside_bytes = dict(self._inside)
