@@ -130,17 +130,23 @@ NETS = {"pool": PoolNet, "norm": NormNet, "wide": WideNet}
 DATA = {"wide": dict(side=32, batch=32)}     # the shapes the overrun was found with
 
 
-def run(net: str, loop: str, pooch: dict | None) -> tuple:
+def fresh(net: str) -> tuple:
+    """(model, MomentumSGD on it) of ``net``, the same weights every call (seed 0)."""
     np.random.seed(0)
     model = NETS[net]()
     optimizer = chainer.optimizers.MomentumSGD(0.05)
     optimizer.setup(model)
+    return model, optimizer
+
+
+def run(net: str, loop: str, pooch: dict | None) -> tuple:
     """(logged values, final state, initial state, the PoocH object or None, the
     BudgetTooSmallError it raised or None) of ``loop`` training ``net`` plainly (``pooch``
     None) or under PoocH(**pooch) on the CPU device."""
     from pooch_ext.hooks.cpu_device import CpuDevice
     from pooch_ext.pooch import PoocH
 
+    model, optimizer = fresh(net)
     values: list = []
     initial = model_state(model, optimizer)
     runtime, error = None, None

@@ -24,7 +24,7 @@ import chainer.links as L
 from pooch_ext.hooks.cpu_device import CpuDevice
 from pooch_ext.pooch import PoocH
 from pooch_ext.sim.budgets import minimum_budget
-from pooch_ext.loop_styles import LOOPS, PoolNet, batches, drops_loss, run
+from pooch_ext.loop_styles import LOOPS, batches, drops_loss, fresh, run
 from pooch_ext.testing import states_equal
 
 
@@ -76,10 +76,7 @@ def test_a_kept_graph_lets_go_of_its_nodes_state_as_the_next_iteration_begins():
     assert forward_held(kept) <= forward_held(dropped) + 1024, \
         (forward_held(kept), forward_held(dropped), argmax)
 
-    np.random.seed(0)
-    model = PoolNet()
-    optimizer = chainer.optimizers.MomentumSGD(0.05)
-    optimizer.setup(model)
+    model, optimizer = fresh("pool")
     with PoocH(model, device=CpuDevice(), profile_iters=1, verbose=False):
         old = None
         for x, t in batches():
@@ -141,18 +138,12 @@ def test_memory_after_the_last_op_is_checked_against_the_budget():
     """What the loop holds after an iteration's last op (here an array the size of the
     budget, made after backward from iteration 4 on, once planned) is measured and reported
     as an overrun when it breaks the budget, and in the iteration's peak: no silent excess."""
-    np.random.seed(0)
-    model = PoolNet()
-    optimizer = chainer.optimizers.MomentumSGD(0.05)
-    optimizer.setup(model)
+    model, optimizer = fresh("pool")
     data = batches(6)
     with PoocH(model, device=CpuDevice(), profile_iters=2, verbose=False) as probe:
         drops_loss(model, optimizer, data[:3], [])
     budget = minimum_budget(probe.profile)
-    np.random.seed(0)
-    model = PoolNet()
-    optimizer = chainer.optimizers.MomentumSGD(0.05)
-    optimizer.setup(model)
+    model, optimizer = fresh("pool")
     with PoocH(model, device=CpuDevice(), profile_iters=2, budget=budget,
                verbose=False) as pooch:
         for i, (x, t) in enumerate(data):
