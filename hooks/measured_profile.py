@@ -95,7 +95,7 @@ def fit_link(samples: list[IterationSample], name: str = "measured") -> Link | N
 SLACK_BYTES = 8 * 1024
 
 
-def unmodelled_bytes(profile: Profile, samples: list[IterationSample]) -> dict[int, int]:
+def unmodelled_bytes(modelled: list[tuple]) -> dict[int, int]:
     """Per op, the most bytes by which the measured peak exceeded the graph model's for the
     schedule the iteration ran (only samples that ran one whole, on a device that counts its
     allocations). What the model misses is Chainer's gradient bookkeeping: the backward loop
@@ -106,7 +106,7 @@ def unmodelled_bytes(profile: Profile, samples: list[IterationSample]) -> dict[i
     under in-core, swap-all and sqrt-n plans), so adding it to the op's transient bytes makes
     every plan's predicted peak the measured one (tests/test_memory_fidelity.py)."""
     excess: dict[int, int] = {}
-    for sample, predicted, carried in _modelled(profile, samples):
+    for sample, predicted, carried in modelled:
         peaks = predicted["peak_bytes"].to_numpy()
         for op, measured in sample.peak_bytes.items():
             if op == 0 and 0 in sample.inside_bytes:
@@ -120,7 +120,7 @@ def unmodelled_bytes(profile: Profile, samples: list[IterationSample]) -> dict[i
     return {op: nbytes for op, nbytes in excess.items() if nbytes > 0}
 
 
-def gap_floors(profile: Profile, samples: list[IterationSample]) -> dict[int, int]:
+def gap_floors(profile: Profile, modelled: list[tuple]) -> dict[int, int]:
     """{0: the most bytes above the model's level at the first op that the device held before
     it began}: the last iteration's tail (its later backward passes, the update, the loop's
     own code), the least transient bytes a profile gives that op, whole or split: a split of
@@ -130,7 +130,7 @@ def gap_floors(profile: Profile, samples: list[IterationSample]) -> dict[int, in
     has (sim/memory.py rule 4): their peaks stay the ops' (``unmodelled_bytes``)."""
     floors: dict[int, int] = {}
     first = profile.ops.iloc[0]
-    for sample, predicted, carried in _modelled(profile, samples):
+    for sample, predicted, carried in modelled:
         gap = later_gaps(sample, carried).get(0)
         if gap is None or len(predicted) < 2:
             continue
@@ -144,7 +144,7 @@ def gap_floors(profile: Profile, samples: list[IterationSample]) -> dict[int, in
     return {op: nbytes for op, nbytes in floors.items() if nbytes > 0}
 
 
-def held_between_ops(profile: Profile, samples: list[IterationSample]) -> dict[int, int]:
+def held_between_ops(modelled: list[tuple]) -> dict[int, int]:
     """Per op, the most bytes by which what the device held as the op started exceeded the
     graph model's level there (after the boundary's actions). The bookkeeping
     ``unmodelled_bytes`` adds to an op's transient bytes is partly alive between ops already
@@ -153,7 +153,7 @@ def held_between_ops(profile: Profile, samples: list[IterationSample]) -> dict[i
     b32's BatchNormalization backward, one map over a tight budget); ``sim.model`` adds it to
     a recompute's extra memory there."""
     excess: dict[int, int] = {}
-    for sample, predicted, carried in _modelled(profile, samples):
+    for sample, predicted, carried in modelled:
         levels = predicted["bytes"].to_numpy()
         for op, measured in sample.entry_bytes.items():
             if 0 <= op < len(levels) - 1:
@@ -164,7 +164,7 @@ def held_between_ops(profile: Profile, samples: list[IterationSample]) -> dict[i
 def _modelled(profile: Profile, samples: list[IterationSample]) -> Iterator[tuple]:
     """(sample, the model's memory of the schedule it ran, bytes per op it lacked of what a
     later iteration carries) for each sample that ran one whole on a device that counts its
-    allocations."""
+    allocations: what ``unmodelled_bytes``, ``gap_floors`` and ``held_between_ops`` read."""
     from pooch_ext.sim.check import schedule_memory
 
     maps = set(profile.feature_maps["tensor"].tolist())
@@ -392,13 +392,14 @@ def build_profile(samples: list[IterationSample], device: Device, link: Link, re
         return builder.build(loss=trace.loss, backward_order=trace.backward_order)
 
     profile = build()
-    unmodelled.update(unmodelled_bytes(profile, use))
-    floors.update(gap_floors(profile, use))
+    modelled = list(_modelled(profile, use))
+    unmodelled.update(unmodelled_bytes(modelled))
+    floors.update(gap_floors(profile, modelled))
     if unmodelled or floors:
         if unmodelled:
             info["unmodelled_bytes"] = [list(item) for item in sorted(unmodelled.items())]
         profile = build()
-    held = held_between_ops(profile, use)
+    held = held_between_ops(list(_modelled(profile, use)))
     if held:
         profile.meta[HELD_BETWEEN_OPS] = [list(item) for item in sorted(held.items())]
     if measured_swaps:
