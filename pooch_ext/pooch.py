@@ -14,10 +14,10 @@ are kept per graph (``MAX_PLANS``), so a graph that comes back reuses its plan.
 
 The budget (None: the device's capacity) applies from the second profiled iteration on: the
 first one runs before anything is known, swapping on demand, and tells the smallest budget
-any plan can reach, counting what later iterations hold more (the last graph, which a loop's
-``loss`` keeps until the next forward ends). The check comes at the end of that first
-backward pass (again at the first update if more passes ran: ``chainer.grad``, then
-``backward``): a budget below the minimum, or one the chosen policy cannot meet, raises
+any plan can reach, counting what later iterations hold more (hooks/later_iterations.py:
+gradients a loop clears after its forward, the last iteration's tail). The check comes at
+the end of that first backward pass (again at the first update if more passes ran:
+``chainer.grad``, then ``backward``): a budget below the minimum, or one the chosen policy cannot meet, raises
 BudgetTooSmallError (with the minimum) out of ``loss.backward()`` (``optimizer.update()``),
 and every link's parameters, gradients and persistent state (BatchNormalization statistics)
 are put back as they were, so the failed attempt changes nothing. A loop PoocH cannot run
