@@ -20,7 +20,8 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
-from pooch_ext.hooks.function_nodes import TAG, node_state
+from pooch_ext.errors import SpentGraphError
+from pooch_ext.hooks.function_nodes import SPENT, TAG, misses_saved, node_state
 from pooch_ext.hooks.graph import GraphRecorder
 from pooch_ext.hooks.inplace_relu import alone, as_chainer, write_over_input
 from pooch_ext.hooks.map_actions import MapActions
@@ -411,6 +412,18 @@ class Executor(GraphRecorder):
             if node is not None:
                 for name, _ in node_state(node, set()):
                     setattr(node, name, None)
+                    setattr(node, SPENT, True)
+
+    def on_stale_backward(self, function: Any) -> None:
+        """``backward()`` over a graph of an ended iteration: where a node misses what PoocH
+        freed, a clear error instead of Chainer's AttributeError inside the node."""
+        if misses_saved(function):
+            raise SpentGraphError(
+                f"backward() reached {type(function).__name__} of a graph built in an earlier "
+                "iteration; PoocH freed the arrays it saved for backward after that "
+                "iteration's backward ran (as a plan frees every map after its last use), so "
+                "under PoocH a graph runs backward only in the iteration that built it: "
+                "compute the loss again for a later backward")
 
     def on_backward_complete(self, trace: GraphTrace) -> None:
         if self.profiler is not None:

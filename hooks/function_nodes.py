@@ -10,6 +10,7 @@ import pooch_ext  # noqa: F401  (chainer import compat)
 import chainer
 
 TAG = "_pooch_tag"   # attribute set on VariableNodes / FunctionNodes: (recording serial, index)
+SPENT = "_pooch_spent"   # set on a FunctionNode whose kept arrays went when its iteration ended
 
 
 def scalar_attrs(function: Any) -> dict[str, Any]:
@@ -40,6 +41,21 @@ def node_state(function: Any, exclude: set[int]) -> list[tuple[str, Any]]:
             exclude.add(id(base))
             kept.append((name, base))
     return kept
+
+
+def misses_saved(function: Any) -> bool:
+    """Whether the node lacks an array its backward reads: a retained input or output PoocH
+    freed after that backward ran, or what it kept besides (``SPENT``). Chainer never drops
+    them itself, so a node of an ended iteration that misses one cannot run backward again."""
+    from pooch_ext.hooks.chainer_refs import node_array, retained_indexes, retained_outputs
+
+    if getattr(function, SPENT, False):
+        return True
+    inputs, outputs = retained_indexes(function)
+    if any(node_array(function.inputs[i]) is None for i in inputs):
+        return True
+    data = retained_outputs(function)
+    return bool(outputs) and (data is None or any(array is None for array in data))
 
 
 def is_static_graph(function: Any) -> bool:

@@ -134,6 +134,7 @@ class GraphRecorder(chainer.FunctionHook):
     def on_backward_complete(self, trace: GraphTrace) -> None: ...
     def on_revisit_begin(self, fwd_index: int, function: Any) -> None: ...
     def on_revisit_end(self, fwd_index: int, function: Any) -> None: ...
+    def on_stale_backward(self, function: Any) -> None: ...
     def on_pass_start(self, index: int, function: Any, in_data: tuple) -> bool:
         return False
     def on_forward_only(self, trace: GraphTrace) -> None: ...
@@ -190,6 +191,8 @@ class GraphRecorder(chainer.FunctionHook):
             return
         self._resolve()
         tag = getattr(function, TAG, None)
+        if tag is not None and tag[0] is not self._serial:
+            self.on_stale_backward(function)      # a node of an iteration that has ended
         if tag is None or tag[0] is not self._serial or self.trace is None or tag[1] < 0:
             return
         k = tag[1]

@@ -31,6 +31,7 @@ _PUBLIC = {
     "UnsupportedLoopError": "pooch_ext.errors",
     "RanksDisagreeError": "pooch_ext.errors",
     "DeviceOutOfMemoryError": "pooch_ext.errors",
+    "SpentGraphError": "pooch_ext.errors",
 }
 __all__ = sorted(_PUBLIC)
 

@@ -69,6 +69,12 @@ class UnsupportedLoopError(PoochError):
     graph); raised before any update, with the models as they were."""
 
 
+class SpentGraphError(PoochError):
+    """``backward()`` reached a node of an iteration that has ended, whose saved arrays PoocH
+    freed at that iteration's backward (as a plan frees every map after its last use);
+    Chainer would fail there with an AttributeError deep inside the node."""
+
+
 class PolicyDoesNotFitError(BudgetTooSmallError):
     """The chosen policy has no plan within the budget, though another policy may have one;
     ``minimum_bytes`` is what this policy's plan needs."""

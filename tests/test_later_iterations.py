@@ -25,7 +25,7 @@ from pooch_ext.hooks.cpu_device import CpuDevice
 from pooch_ext.pooch import PoocH
 from pooch_ext.sim.budgets import minimum_budget
 from pooch_ext.loop_styles import LOOPS, batches, drops_loss, fresh, run
-from pooch_ext.testing import states_equal
+from pooch_ext.testing import model_state, states_equal
 
 
 CASES = [(net, loop) for net in ("pool", "norm") for loop in sorted(LOOPS)] + \
@@ -90,6 +90,53 @@ def test_a_kept_graph_lets_go_of_its_nodes_state_as_the_next_iteration_begins():
             assert all(n.indexes is not None for n in pools)   # until the iteration ends
             optimizer.update()
             old = loss
+
+
+def _backward_again_next_iteration(model, optimizer, data, values) -> None:
+    old = None
+    for x, t in data:
+        loss = F.softmax_cross_entropy(model(x), t)
+        model.cleargrads()
+        loss.backward()
+        if old is not None:
+            old.backward()          # the graph of the iteration before
+        optimizer.update()
+        old = loss
+        values.append(float(loss.array))
+
+
+@pytest.mark.parametrize("net", ["pool", "norm"])
+def test_backward_over_an_earlier_iterations_graph_fails_with_a_clear_error(net):
+    """PoocH frees what a graph saved for backward once its backward ran; a loop that runs
+    backward over the previous iteration's graph gets SpentGraphError naming why (Chainer's
+    own error was an AttributeError on None inside the node). A second backward in the
+    iteration that built the graph still runs, bit-identical to plain Chainer."""
+    from pooch_ext.errors import SpentGraphError
+
+    model, optimizer = fresh(net)
+    _backward_again_next_iteration(model, optimizer, batches(3), [])   # plain Chainer runs it
+    model, optimizer = fresh(net)
+    with pytest.raises(SpentGraphError, match="earlier iteration"):
+        with PoocH(model, device=CpuDevice(), profile_iters=1, verbose=False):
+            _backward_again_next_iteration(model, optimizer, batches(3), [])
+
+    def twice(model, optimizer, data, values) -> None:
+        for x, t in data:
+            loss = F.softmax_cross_entropy(model(x), t)
+            model.cleargrads()
+            loss.backward()
+            loss.backward()         # the same iteration's graph: gradients twice
+            optimizer.update()
+            values.append(float(loss.array))
+
+    results = []
+    for pooch in (False, True):
+        model, optimizer = fresh(net)
+        with (PoocH(model, device=CpuDevice(), profile_iters=2, verbose=False) if pooch
+              else contextlib.nullcontext()):
+            twice(model, optimizer, batches(), [])
+        results.append(model_state(model, optimizer))
+    assert states_equal(*results)
 
 
 def _nodes(loss) -> list:
