@@ -233,6 +233,33 @@ def first_iteration_pieces(call: ConvCall, budget: int) -> tuple[int, int] | Non
     return fewest(most[0]), fewest(most[1])
 
 
+class FirstIterationSplits:
+    """PoocH's first iteration, run before any plan or budget binds: its convolutions split
+    where whole they could exceed the device (``first_iteration_pieces``). A forward's
+    pieces are measured before the op's clock starts, so the op finds their exactness
+    checks (split_exact.KNOWN); the backward's once its gradient is known. ``active``
+    False (once a budget binds, or splits are off): nothing is split."""
+
+    def __init__(self, device: Any, budget_bytes: int, active: bool = True) -> None:
+        self.device, self.budget_bytes, self.active = device, budget_bytes, active
+        self._calls: dict[int, ConvCall] = {}       # by node, until its backward
+
+    def pieces(self, function: Any, in_data: tuple) -> tuple[int, int] | None:
+        if not self.active:
+            return None
+        call = conv_call(function, in_data)
+        pieces = None if call is None else first_iteration_pieces(call, self.budget_bytes)
+        if pieces is not None:
+            measured_configs(call, self.device, parts=("forward",))
+            self._calls[id(function)] = call
+        return pieces
+
+    def backward(self, function: Any, out_grad: tuple) -> None:
+        call = self._calls.pop(id(function), None)
+        if call is not None and out_grad and out_grad[0] is not None:
+            measured_configs(with_gradient(call, out_grad[0]), self.device)
+
+
 class PoolCounter:
     """The CPU counter's ``live`` / ``reset_peak`` / ``peak`` for CuPy's default pool: its
     used bytes, and their highest value after any allocation while ``hook`` is entered."""

@@ -2,7 +2,8 @@
 accepted on the first iteration must survive (tests/test_later_iterations.py,
 experiments/later_iterations.py). A loop keeps ``loss`` through the next forward, or
 L.Classifier keeps ``self.loss``, or drops it; ``chainer.grad`` runs a first backward pass
-before ``backward`` runs the graph again (to the output, or through every op to the input)."""
+before ``backward`` runs the graph again (to the output, or through every op to the input);
+gradients accumulate over two iterations before each update."""
 from __future__ import annotations
 
 import contextlib
@@ -70,6 +71,20 @@ class NormNet(chainer.Chain):
         return self.fc(F.relu(self.c2(F.relu(self.bn(self.c1(x))))))
 
 
+class WeightyMLP(chainer.Chain):
+    """Weights far larger than its maps: what a loop holds of their gradients decides."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        with self.init_scope():
+            self.l1 = L.Linear(3 * 16 * 16, 512)
+            self.l2 = L.Linear(512, 512)
+            self.l3 = L.Linear(512, 5)
+
+    def forward(self, x):
+        return self.l3(F.relu(self.l2(F.relu(self.l1(x)))))
+
+
 def batches(n: int = ITERS, side: int = 16, batch: int = 8) -> list:
     rng = np.random.RandomState(3)
     return [(rng.rand(batch, 3, side, side).astype(np.float32),
@@ -124,9 +139,21 @@ def input_saliency(model, optimizer, batches, values):
         values.append((float(loss.array), float(abs(gx.array).sum())))
 
 
+def accumulates(model, optimizer, batches, values):
+    model.cleargrads()
+    for k, (x, t) in enumerate(batches):
+        loss = F.softmax_cross_entropy(model(x), t) / 2
+        loss.backward()                                  # gradients summed over two batches
+        if k % 2:
+            optimizer.update()                           # the first update: after two
+            model.cleargrads()
+            values.append(float(loss.array))
+
+
 LOOPS = {"keeps_loss": keeps_loss, "classifier": classifier, "drops_loss": drops_loss,
-         "grad_then_backward": grad_then_backward, "input_saliency": input_saliency}
-NETS = {"pool": PoolNet, "norm": NormNet, "wide": WideNet}
+         "grad_then_backward": grad_then_backward, "input_saliency": input_saliency,
+         "accumulates": accumulates}
+NETS = {"pool": PoolNet, "norm": NormNet, "wide": WideNet, "mlp": WeightyMLP}
 DATA = {"wide": dict(side=32, batch=32)}     # the shapes the overrun was found with
 
 

@@ -22,8 +22,9 @@ BudgetTooSmallError (with the minimum) out of ``loss.backward()`` (``optimizer.u
 and every link's parameters, gradients and persistent state (BatchNormalization statistics)
 are put back as they were, so the failed attempt changes nothing. A loop PoocH cannot run
 exactly (double backprop, a static graph) is refused at the first optimizer update
-(``UnsupportedLoopError``). After the first update nothing is refused: a policy that cannot
-plan leaves the swap-all plan running, an unsupported iteration runs as plain Chainer.
+(``UnsupportedLoopError``). An overrun before the first update (gradients accumulated over
+iterations) has it check again on what that iteration measured. After the first update
+nothing is refused: a policy that cannot plan leaves the swap-all plan running.
 
 With ``comm`` (a ChainerMN communicator) every decision is made on rank 0 from all ranks'
 profiles and handed to every rank (pooch_ext/distributed.py). ``encodings="lossless"`` lets
@@ -55,8 +56,7 @@ from pooch_ext.encodings import classify as choose_encodings
 from pooch_ext.hooks.program import ExecutorError, Program, compile_program
 from pooch_ext.trace import GraphTrace
 from pooch_ext.hooks.executor import Executor
-from pooch_ext.hooks.conv_configs import (conv_call, first_iteration_pieces, measured_configs,
-                                          with_gradient)
+from pooch_ext.hooks.conv_configs import FirstIterationSplits, measured_configs
 from pooch_ext.hooks.measured_profile import build_profile, fit_link
 from pooch_ext.hooks.profiler import Profiler
 from pooch_ext.hooks.scope import Models
@@ -103,7 +103,6 @@ class PoocH(PoochResults):
         # data-parallel ranks (a ChainerMN communicator): rank 0 decides for all of them
         self.ranks = Ranks(comm) if comm is not None else None
         self._allreduce: AllreduceMeter | None = None
-        self._first_calls: dict[int, Any] = {}     # first-iteration splits' calls, by node
         self.device = device
         self.profile: Profile | None = None
         self.checked_profile: Profile | None = None   # the first iteration's, checked
@@ -116,7 +115,7 @@ class PoocH(PoochResults):
         self._graphs: dict[tuple, _Graph] = {}    # signature -> what PoocH knows of it
         self._deviations: list[str] = []
         self._found_at_start = False
-        self._told: set[str] = set()
+        self._told: set[Any] = set()             # what was said once
         self._trained = 0                           # training iterations seen
         self._updated = False                       # an optimizer has updated a parameter
         self._refusal: Exception | None = None      # raised before the first update
@@ -124,7 +123,7 @@ class PoocH(PoochResults):
         self._gate = UpdateGate(self._before_update)  # calls it before the first update
         self._closing = False
         self._budget_applied = False
-        self.overruns: list[dict] = []              # budget overruns measured after updates
+        self.overruns: list[dict] = []              # budget overruns the CPU device measured
 
     # ------------------------------------------------------------ context
     def __enter__(self) -> "PoocH":
@@ -166,6 +165,8 @@ class PoocH(PoochResults):
             if exc_type is not None:
                 self._closing = True
                 runtime.abandon()
+                if not self._updated and issubclass(exc_type, (PoochError, MemoryError)):
+                    self._snapshot.restore()    # out of memory on a GPU, say: nothing changed
             runtime.__exit__(exc_type, exc, tb)
         finally:
             self.profiler.detach()
@@ -179,28 +180,11 @@ class PoocH(PoochResults):
         if self.verbose and (self.ranks is None or self.ranks.rank == 0):
             tqdm.write(f"PoocH: {message}", file=sys.stderr)   # safe beside progress bars
 
-    def _first_iteration_split(self, function: Any, in_data: tuple) -> tuple[int, int] | None:
-        """Pieces for a convolution of the first iteration, which runs before any plan or
-        budget binds (hooks/conv_configs.first_iteration_pieces); None after it."""
-        if self._budget_applied or not self.split_convolutions:
-            return None
-        call = conv_call(function, in_data)
-        pieces = None if call is None else first_iteration_pieces(call, self.budget_bytes)
-        if pieces is not None:
-            # measured now, before the op's clock starts, so the op finds their exactness checks
-            # (split_exact.KNOWN); the backward's once its gradient is known (below)
-            measured_configs(call, self.device, parts=("forward",))
-            self._first_calls[id(function)] = call
-        return pieces
-
-    def _first_iteration_backward(self, function: Any, out_grad: tuple) -> None:
-        call = self._first_calls.pop(id(function), None)
-        if call is not None and out_grad and out_grad[0] is not None:
-            measured_configs(with_gradient(call, out_grad[0]), self.device)
-
     def _start_profiling(self) -> None:
-        self.runtime.on_demand_split = self._first_iteration_split
-        self.runtime.on_demand_backward = self._first_iteration_backward
+        self._first_splits = FirstIterationSplits(self.device, self.budget_bytes,
+                                                  self.split_convolutions)
+        self.runtime.on_demand_split = self._first_splits.pieces
+        self.runtime.on_demand_backward = self._first_splits.backward
         self.runtime.use(None)
         self.profiler.attach()
         self.runtime.catalog = self._programs
@@ -208,6 +192,7 @@ class PoocH(PoochResults):
         self.runtime.on_switch = self._switched
         if self.device.kind == "cpu":
             self.device.enforce = False      # the first iteration runs on demand, unplanned
+            self.device.on_overrun = self._overrun
 
     def _programs(self) -> list[Program]:
         """Every program PoocH holds, most recently used first (the executor may switch)."""
@@ -236,12 +221,16 @@ class PoocH(PoochResults):
     def _before_update(self) -> None:
         refusal, self._refusal = self._refusal, None
         trace = self.runtime.trace
-        if refusal is None and trace is not None and trace.passes > self._checked_passes:
-            self.profiler.backward_complete(every_pass=True)   # what later passes hold too
-            refusal = self._refusal_for(trace)
+        overran = bool(self.overruns)       # all before any update: _overrun
+        if refusal is None and trace and (trace.passes > self._checked_passes or overran):
+            if overran and self.runtime.profiler is not self.profiler:   # ran unmeasured:
+                refusal = BudgetTooSmallError(                          # what it held, then
+                    self.budget_bytes, max(o["held_bytes"] for o in self.overruns),
+                    "what this loop held before its first update")
+            else:
+                self.profiler.backward_complete(every_pass=True)   # what later passes hold
+                refusal = self._refusal_for(trace, overran)
         self._updated = True
-        if self.device.kind == "cpu":
-            self.device.on_overrun = self._overrun
         self._gate.lift()
         if refusal is not None and not self._closing:
             self._refuse(refusal)
@@ -254,13 +243,20 @@ class PoocH(PoochResults):
         raise error
 
     def _overrun(self, message: str, held: int) -> None:
-        """The CPU device measured more than the budget: recorded, said once; training goes on."""
+        """The CPU device measured more than the budget: recorded, said once; the step goes
+        on. Before any update (a loop that accumulates gradients over several iterations
+        first) the update checks the budget again, on what that iteration measured
+        (``_before_update``): refused there, nothing has changed."""
         self.overruns.append(dict(iteration=self.runtime.iteration, message=message,
-                                  held_bytes=held, budget_bytes=self.budget_bytes))
-        if "overrun" not in self._told:
-            self._told.add("overrun")
-            self._say(f"{message}: the plan's prediction was short; training goes on "
-                      "(see PoocH.overruns)")
+                                  held_bytes=held, budget_bytes=self.budget_bytes,
+                                  before_update=not self._updated))
+        early = not self._updated
+        if ("overrun", early) not in self._told:
+            self._told.add(("overrun", early))
+            self._say(f"{message}: " + ("the first update checks the budget again on what "
+                                        "this iteration measured" if early else
+                                        "the plan's prediction was short; training goes on "
+                                        "(see PoocH.overruns)"))
 
     def _unsupported(self, reason: str) -> None:
         if self._in_refusal_window():
@@ -281,10 +277,13 @@ class PoocH(PoochResults):
         if (refusal := self._refusal_for(trace)) is not None:
             self._refuse(refusal)
 
-    def _refusal_for(self, trace: GraphTrace) -> BaseException | None:
-        """Why the iteration so far says this run cannot work (None: it can), in the first
-        iteration only, on a profile of what it measured."""
-        if not self._in_refusal_window() or trace.unsupported:
+    def _refusal_for(self, trace: GraphTrace, overran: bool = False) -> BaseException | None:
+        """Why the iteration so far says this run cannot work (None: it can), on a profile of
+        what it measured: in the first iteration, or in any before the first update that
+        ``overran`` the budget."""
+        window = self._in_refusal_window() or (overran and not self._updated
+                                               and not self._closing)
+        if not window or trace.unsupported:
             return None                     # an unsupported loop is refused at the update
         self._checked_passes = trace.passes
         try:
@@ -403,6 +402,7 @@ class PoocH(PoochResults):
         elif not self._budget_applied and self.budget_request is not None:
             self.device.set_budget(self.budget_request)
         self._budget_applied = True
+        self._first_splits.active = False
 
     # ------------------------------------------------------------ profile and plan
     def _build_profile(self, samples: list) -> Profile:

@@ -29,7 +29,7 @@ from pooch_ext.testing import model_state, states_equal
 
 
 CASES = [(net, loop) for net in ("pool", "norm") for loop in sorted(LOOPS)] + \
-    [("wide", "keeps_loss"), ("wide", "classifier")]
+    [("wide", "keeps_loss"), ("wide", "classifier"), ("mlp", "accumulates")]
 
 
 @pytest.mark.parametrize("net,loop", CASES)
@@ -52,9 +52,53 @@ def test_a_budget_accepted_on_the_first_iteration_holds_in_every_later_one(net, 
             assert budget < int(later * margin), (budget, later, str(error))
             continue
         assert values == plain and states_equal(state, plain_state)
-        assert pooch.overruns == [], (budget, later, pooch.overruns[0])
-        assert all(h.peak_bytes <= budget for h in pooch.runtime.history[1:]), \
+        # a loop that accumulates runs a profiling iteration before its first update, which
+        # may hold more than the first (the update checks the budget again on it)
+        before = 2 if loop == "accumulates" else 1
+        assert all(o["before_update"] for o in pooch.overruns) if before > 1 else \
+            pooch.overruns == [], (budget, later, pooch.overruns)
+        assert all(h.peak_bytes <= budget for h in pooch.runtime.history[before:]), \
             [(h.iteration, h.peak_bytes) for h in pooch.runtime.history]
+
+
+@pytest.mark.parametrize("profile_iters", [1, 2])
+def test_gradients_accumulated_before_the_first_update_are_checked_at_that_update(
+        profile_iters):
+    """A loop that sums two iterations' gradients before its first update holds them through
+    the second iteration, which the first check cannot see (measured: an MLP accepted at
+    10.1 MiB held 10.7 MiB there, and the CPU device's DeviceOutOfMemoryError left its
+    gradients half-written). The overrun is recorded and the update checks again: refused
+    with every link as it was, and the minimum it reports holds (measured by the profile of
+    that iteration, or, when a plan ran it unmeasured, what it held)."""
+    plain, plain_state, _, _, _ = run("mlp", "accumulates", None)
+    _, _, _, roomy, _ = run("mlp", "accumulates", dict(profile_iters=profile_iters))
+    first = minimum_budget(roomy.checked_profile)
+    values, state, initial, _, error = run("mlp", "accumulates",
+                                           dict(profile_iters=profile_iters, budget=first))
+    assert error is not None and error.minimum_bytes > first
+    assert values == [] and states_equal(state, initial)
+    values, state, _, pooch, error = run("mlp", "accumulates",
+                                         dict(profile_iters=profile_iters,
+                                              budget=error.minimum_bytes))
+    assert error is None and values == plain and states_equal(state, plain_state)
+    assert pooch.overruns == []
+
+
+def test_an_out_of_memory_error_before_the_first_update_changes_nothing():
+    """A GPU's out-of-memory error (here a MemoryError the loop raises) that leaves the block
+    before any update: gradients and BatchNormalization statistics as they were."""
+    from pooch_ext.testing import model_state
+
+    model, optimizer = fresh("norm")
+    initial = model_state(model, optimizer)
+    with pytest.raises(MemoryError):
+        with PoocH(model, device=CpuDevice(), profile_iters=2, verbose=False):
+            for x, t in batches(2):
+                loss = F.softmax_cross_entropy(model(x), t)
+                model.cleargrads()
+                loss.backward()
+            raise MemoryError("out of memory allocating 1 GiB")
+    assert states_equal(model_state(model, optimizer), initial)
 
 
 def test_a_kept_graph_lets_go_of_its_nodes_state_as_the_next_iteration_begins():

@@ -287,11 +287,11 @@ def test_a_first_iteration_run_split_is_profiled_as_the_whole_ops_it_stands_for(
     profile made from it (the refusal check's) must still measure each op whole: a check run
     inside the op had counted its probes (a 3-conv net's minimum went from 5.4 to 11.9 MiB,
     refusing a budget that fits)."""
-    import pooch_ext.pooch as pooch_module
+    import pooch_ext.hooks.conv_configs as conv_configs
 
     def profiled(first_split):
         if not first_split:
-            monkeypatch.setattr(pooch_module, "first_iteration_pieces", lambda call, b: None)
+            monkeypatch.setattr(conv_configs, "first_iteration_pieces", lambda call, b: None)
         result, _ = trained(ConvNet, synthetic_batches(1, 16, (3, 32, 32), 5),
                             dict(profile_iters=1, device=CpuDevice(), verbose=False,
                                  budget=64 << 20))
