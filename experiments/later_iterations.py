@@ -26,7 +26,7 @@ from pooch_ext.sim.budgets import minimum_budget
 from pooch_ext.testing import states_equal
 
 CASES = [(net, loop) for net in ("pool", "norm") for loop in LOOPS] + \
-    [("wide", loop) for loop in ("keeps_loss", "classifier", "drops_loss")] + \
+    [("wide", loop) for loop in ("keeps_loss", "new_batches", "classifier", "drops_loss")] + \
     [("mlp", "accumulates")]
 OUT = Path(__file__).resolve().parent.parent / "results" / "later_iterations"
 

@@ -21,7 +21,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
 from pooch_ext.errors import SpentGraphError
-from pooch_ext.hooks.function_nodes import SPENT, TAG, misses_saved, node_state
+from pooch_ext.hooks.chainer_refs import set_node_array
+from pooch_ext.hooks.function_nodes import (SPENT, TAG, misses_saved, node_state,
+                                           orphan_inputs)
 from pooch_ext.hooks.graph import GraphRecorder
 from pooch_ext.hooks.inplace_relu import alone, as_chainer, write_over_input
 from pooch_ext.hooks.map_actions import MapActions
@@ -396,14 +398,15 @@ class Executor(GraphRecorder):
 
     def _drop_node_state(self, trace: GraphTrace) -> None:
         """The ended iteration's nodes whose backward ran let go of what they kept for it
-        (pooling argmax, BatchNormalization statistics): a loop that keeps its ``loss``
-        (L.Classifier's ``self.loss``) keeps the graph through the next forward, which then
-        holds none of it (measured: 1.57 MB of argmax on a three-convolution net at batch
-        32, 15% of its smallest budget). Nothing runs those nodes' backward again: their
-        retained maps went at that backward already (a second ``loss.backward()`` on an
-        earlier iteration's graph failed before this too). Not while a backward pass still
-        runs, nor after an unsupported iteration (double backprop: a gradient's product can
-        begin what looks like the next iteration while the old graph is read again)."""
+        (pooling argmax, BatchNormalization statistics, inputs no Variable holds: the last
+        batch): a loop that keeps its ``loss`` (L.Classifier's ``self.loss``) keeps the graph
+        through the next forward, which then holds none of it (measured: 1.57 MB of argmax on
+        a three-convolution net at batch 32, 15% of its smallest budget; a user's CNN kept
+        its last 192 KiB batch, and a budget at the first check's minimum was overrun).
+        Nothing runs those nodes' backward again (their retained maps went at that backward;
+        ``on_stale_backward``). Not while a backward pass still runs, nor after an
+        unsupported iteration (double backprop: a gradient's product can begin what looks
+        like the next iteration while the old graph is read again)."""
         if self._pass_depth or trace.unsupported:
             return      # a backward pass may still run over that graph (double backprop)
         ran = set(trace.backward_order) | set(trace.revisited)
@@ -413,6 +416,8 @@ class Executor(GraphRecorder):
                 for name, _ in node_state(node, set()):
                     setattr(node, name, None)
                     setattr(node, SPENT, True)
+                for variable_node in orphan_inputs(node):   # the old batch, say
+                    set_node_array(variable_node, None)
 
     def on_stale_backward(self, function: Any) -> None:
         """``backward()`` over a graph of an ended iteration: where a node misses what PoocH

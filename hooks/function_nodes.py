@@ -43,6 +43,18 @@ def node_state(function: Any, exclude: set[int]) -> list[tuple[str, Any]]:
     return kept
 
 
+def orphan_inputs(function: Any) -> list[Any]:
+    """The VariableNodes of the inputs ``function`` retained for its backward that hold an
+    array no Variable does any more (the batch a loop passed as an array, say): only the
+    graph keeps those arrays alive. A parameter's node, whose Variable lives on, is left."""
+    from pooch_ext.hooks.chainer_refs import node_array, retained_indexes
+
+    inputs, _ = retained_indexes(function)
+    nodes = [function.inputs[i] for i in inputs]
+    return [node for node in nodes
+            if node.get_variable_or_none() is None and node_array(node) is not None]
+
+
 def misses_saved(function: Any) -> bool:
     """Whether the node lacks an array its backward reads: a retained input or output PoocH
     freed after that backward ran, or what it kept besides (``SPENT``). Chainer never drops

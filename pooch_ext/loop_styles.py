@@ -1,7 +1,8 @@
 """Training loops in the styles users write, and small networks for them: what a budget
 accepted on the first iteration must survive (tests/test_later_iterations.py,
-experiments/later_iterations.py). A loop keeps ``loss`` through the next forward, or
-L.Classifier keeps ``self.loss``, or drops it; ``chainer.grad`` runs a first backward pass
+experiments/later_iterations.py). A loop keeps ``loss`` through the next forward (with the
+batch it made for it, where nothing else holds that), or L.Classifier keeps ``self.loss``,
+or it drops it; ``chainer.grad`` runs a first backward pass
 before ``backward`` runs the graph again (to the output, or through every op to the input);
 gradients accumulate over two iterations before each update."""
 from __future__ import annotations
@@ -100,6 +101,16 @@ def keeps_loss(model, optimizer, batches, values):
         values.append(float(loss.array))
 
 
+def new_batches(model, optimizer, batches, values):
+    for x, t in batches:
+        x, t = x.copy(), t.copy()          # each batch made as it is needed (a data iterator):
+        loss = F.softmax_cross_entropy(model(x), t)   # the last one only the kept graph holds
+        model.cleargrads()
+        loss.backward()
+        optimizer.update()
+        values.append(float(loss.array))
+
+
 def classifier(model, optimizer, batches, values):
     classifier = L.Classifier(model)                   # holds self.loss, self.y
     for x, t in batches:
@@ -150,9 +161,9 @@ def accumulates(model, optimizer, batches, values):
             values.append(float(loss.array))
 
 
-LOOPS = {"keeps_loss": keeps_loss, "classifier": classifier, "drops_loss": drops_loss,
-         "grad_then_backward": grad_then_backward, "input_saliency": input_saliency,
-         "accumulates": accumulates}
+LOOPS = {"keeps_loss": keeps_loss, "new_batches": new_batches, "classifier": classifier,
+         "drops_loss": drops_loss, "grad_then_backward": grad_then_backward,
+         "input_saliency": input_saliency, "accumulates": accumulates}
 NETS = {"pool": PoolNet, "norm": NormNet, "wide": WideNet, "mlp": WeightyMLP}
 DATA = {"wide": dict(side=32, batch=32)}     # the shapes the overrun was found with
 

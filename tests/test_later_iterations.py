@@ -29,7 +29,8 @@ from pooch_ext.testing import model_state, states_equal
 
 
 CASES = [(net, loop) for net in ("pool", "norm") for loop in sorted(LOOPS)] + \
-    [("wide", "keeps_loss"), ("wide", "classifier"), ("mlp", "accumulates")]
+    [("wide", "keeps_loss"), ("wide", "new_batches"), ("wide", "classifier"),
+     ("mlp", "accumulates")]
 
 
 @pytest.mark.parametrize("net,loop", CASES)
