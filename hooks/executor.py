@@ -192,9 +192,10 @@ class Executor(GraphRecorder):
 
     def _unbudgeted(self) -> None:
         """The rest of the iteration runs without a plan: no budget was planned for it, so the
-        device records its peak but does not stop training over it (a refusal after updates
-        would break the promise; the iteration's stats show the peak)."""
-        if getattr(self.device, "enforce", False):
+        device does not stop training over it (a refusal after updates would break the
+        promise); where it reports overruns instead (``on_overrun``), it still does."""
+        if getattr(self.device, "enforce", False) and \
+                getattr(self.device, "on_overrun", None) is None:
             self.device.enforce = False
             self._enforce_after = True
 

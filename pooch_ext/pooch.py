@@ -24,13 +24,13 @@ are put back as they were, so the failed attempt changes nothing. A loop PoocH c
 exactly (double backprop, a static graph) is refused at the first optimizer update
 (``UnsupportedLoopError``). An overrun before the first update (gradients accumulated over
 iterations) has it check again on what that iteration measured. After the first update
-nothing is refused: a policy that cannot plan leaves the swap-all plan running.
+nothing is refused: a policy that cannot plan leaves the swap-all plan running (or none).
 
-With ``comm`` (a ChainerMN communicator) every decision is made on rank 0 from all ranks'
-profiles and handed to every rank (pooch_ext/distributed.py). ``encodings="lossless"`` lets
-the plan store maps encoded and run ReLUs in place (Gist); "lossy(-fp8)": fp16 (fp8) too.
-Variables the user's code holds keep their arrays (only the graph's references are dropped);
-the profile measures how long they are held and plans count them as kept for that long.
+With ``comm`` (ChainerMN) every decision is made on rank 0 from all ranks' profiles
+(pooch_ext/distributed.py). ``encodings="lossless"`` lets the plan store maps encoded and
+run ReLUs in place (Gist); "lossy(-fp8)": fp16 (fp8) too. Variables the user's code holds
+keep their arrays (only the graph's references are dropped); the profile measures how long
+they are held and plans count them as kept for that long.
 """
 from __future__ import annotations
 
@@ -368,8 +368,9 @@ class PoocH(PoochResults):
         except (BudgetTooSmallError, ExecutorError) as error:
             if graph.provisional is None:
                 graph.provisional = self._swap_all_program(profile, trace)
-            self._say(f"the {self._policy_name()} plan cannot run ({error}); going on with "
-                      "the swap-all plan the profiling ran")
+            self._say(f"the {self._policy_name()} plan cannot run ({error}); going on " + (
+                "with the swap-all plan the profiling ran" if graph.provisional else
+                "unplanned, over the budget (see PoocH.overruns)"))
             graph.program = graph.provisional
             graph.profile = self.profile = profile
             return
@@ -379,8 +380,8 @@ class PoocH(PoochResults):
         self._say(self.decision())
 
     def _swap_all_program(self, profile: Profile, trace: GraphTrace) -> Program | None:
-        """The swap-all program profiling runs, or None (the graph then runs on demand) when
-        even swap-all cannot fit: said once, never raised (updates may have been made)."""
+        """The swap-all program profiling runs, or None (the graph then runs on demand, its
+        overruns recorded) when even swap-all cannot fit: said once, never raised."""
         try:
             profile, plan = self._agreed(profile, lambda agreed: self._classify(agreed, "swap-all"))
         except BudgetTooSmallError as error:
@@ -401,8 +402,7 @@ class PoocH(PoochResults):
             self.device.enforce = True
         elif not self._budget_applied and self.budget_request is not None:
             self.device.set_budget(self.budget_request)
-        self._budget_applied = True
-        self._first_splits.active = False
+        self._budget_applied, self._first_splits.active = True, False
 
     # ------------------------------------------------------------ profile and plan
     def _build_profile(self, samples: list) -> Profile:

@@ -598,7 +598,8 @@ def test_14_the_in_core_need_counts_what_chainer_keeps():
 
 def test_a_later_graph_no_plan_fits_runs_unplanned_instead_of_stopping_training():
     """After updates nothing may be refused: a bigger batch whose minimum is above the budget
-    runs without a plan (and without the device's budget), said once, exactly."""
+    runs without a plan, said once, exactly; what it holds over the budget is recorded in
+    ``PoocH.overruns`` (before, nothing was: a user's GAN held 122% of its budget unseen)."""
     small, big = batches(4), batches(4, batch=12, seed=9)
     probe = run(branchy(), standard_loop(small), {"profile_iters": 2, "policy": None})
     budget = budget_between(probe.pooch.profile, 0.5)
@@ -607,3 +608,7 @@ def test_a_later_graph_no_plan_fits_runs_unplanned_instead_of_stopping_training(
     assert identical(plain, under)
     assert any("cannot run within the budget" in m for m in under.pooch.messages)
     assert sum("cannot run within the budget" in m for m in under.pooch.messages) == 1
+    over = under.pooch.overruns
+    assert over and all(o["held_bytes"] > budget and not o["before_update"] for o in over)
+    assert {o["iteration"] for o in over} == {k for k, peak in enumerate(
+        under.pooch.iterations.peak_bytes) if k > 0 and peak > budget}
