@@ -45,6 +45,7 @@ PRIVATE_NAMES: tuple[tuple[str, str | None, str], ...] = (
     ("chainer.function_node", "FunctionNode", "_output_indexes_to_retain"),
     ("chainer.link", "Link", "_persistent"),
     ("chainer.optimizer", "UpdateRule", "_state"),
+    ("chainer.optimizer", "UpdateRule", "_fp32_param"),
     # ``_impl`` itself is set by forward; the selector that sets it stands for it here
     ("chainer.functions.normalization.batch_normalization", "BatchNormalization",
      "_impl_selector"),
@@ -172,10 +173,20 @@ def optimizer_state(rule: Any) -> dict | None:
     return getattr(rule, "_state", None)
 
 
-def set_optimizer_state(rule: Any, state: dict) -> None:
-    """Give a (throwaway copy of an) update rule a fresh state, to measure what
-    ``init_state`` allocates."""
+def set_optimizer_state(rule: Any, state: dict | None) -> None:
+    """Give an update rule a state (a throwaway copy a fresh one, to measure what
+    ``init_state`` allocates; a refused run's rules their state as it was)."""
     rule._state = state
+
+
+def fp32_master(rule: Any) -> Any:
+    """The float32 copy an update rule keeps of a float16 parameter (``_fp32_param``, made at
+    its first update with ``use_fp32_update``): the weights the update really changes."""
+    return rule._fp32_param
+
+
+def set_fp32_master(rule: Any, master: Any) -> None:
+    rule._fp32_param = master
 
 
 def grad_valid(param: Any) -> bool:

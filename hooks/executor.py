@@ -289,11 +289,13 @@ class Executor(GraphRecorder):
             self.on_unsupported_run(reason)
 
     def on_forward_begin(self, index: int, function: Any) -> None:
+        name = type(function).__name__
         if self.mode == SCHEDULED:
-            name = type(function).__name__
             reason = self.program.matches(index, name, self.op_sources, self._in_data)
             if reason and not self._switch(index, name):
                 self._deviate(reason)
+        elif index == 0 and self.program is None and not self.passive:
+            self._switch(0, name)     # a known graph begins where one without a plan was due
         self._run_until(index)
         pieces, checked = None, True
         if self.mode == SCHEDULED:
@@ -404,10 +406,9 @@ class Executor(GraphRecorder):
         through the next forward, which then holds none of it (measured: 1.57 MB of argmax on
         a three-convolution net at batch 32, 15% of its smallest budget; a user's CNN kept
         its last 192 KiB batch, and a budget at the first check's minimum was overrun).
-        Nothing runs those nodes' backward again (their retained maps went at that backward;
-        ``on_stale_backward``). Not while a backward pass still runs, nor after an
-        unsupported iteration (double backprop: a gradient's product can begin what looks
-        like the next iteration while the old graph is read again)."""
+        Nothing runs those nodes' backward again (``on_stale_backward``). Not while a backward
+        pass still runs, nor after an unsupported iteration (double backprop: a gradient's
+        product can begin what looks like the next iteration while the old graph is read)."""
         if self._pass_depth or trace.unsupported:
             return      # a backward pass may still run over that graph (double backprop)
         ran = set(trace.backward_order) | set(trace.revisited)

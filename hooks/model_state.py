@@ -14,8 +14,9 @@ import numpy as np
 import pooch_ext  # noqa: F401  (chainer import compat)
 import chainer
 
-from pooch_ext.hooks.chainer_refs import (grad_valid, optimizer_state, persistent_names,
-                                          set_grad_valid, set_optimizer_state)
+from pooch_ext.hooks.chainer_refs import (fp32_master, grad_valid, optimizer_state,
+                                          persistent_names, set_fp32_master, set_grad_valid,
+                                          set_optimizer_state)
 
 
 def base_of(array: Any) -> Any:
@@ -107,12 +108,13 @@ def resident_bytes(model: Any) -> int:
 
 class ModelSnapshot:
     """Host copies of what a failed PoocH attempt could change in the model: parameters, their
-    gradients (Chainer may write into a gradient array it reuses) and persistent values
-    (BatchNormalization running statistics)."""
+    gradients (Chainer may write into a gradient array it reuses), persistent values
+    (BatchNormalization running statistics) and the optimizers' steps and state."""
 
     def __init__(self, model: Any) -> None:
         self.params: list = []
         self.persistent: list = []
+        self.optimizers: list = []       # (optimizer, t, epoch, [(rule, t, state, fp32)])
         self._seen: set = set()          # ids of parameters, (link id, name) of values
         self.add(model)
 
@@ -139,8 +141,35 @@ class ModelSnapshot:
         current[...] = chainer.backend.get_device_from_array(current).send(saved)
         return current
 
+    def add_optimizer(self, optimizer: Any) -> None:
+        """Also snapshot ``optimizer`` (taken at its first update under PoocH, before it
+        changes anything): its step counts and each update rule's state, so a refusal made
+        after updates within the first iteration can put them back too."""
+        if id(optimizer) in self._seen:
+            return
+        self._seen.add(id(optimizer))
+        def saved(state: dict | None) -> dict | None:
+            return None if state is None else {
+                k: host_copy(v) if hasattr(v, "shape") else v for k, v in state.items()}
+        rules = [(rule, rule.t, saved(optimizer_state(rule)),
+                  None if (master := fp32_master(rule)) is None else host_copy(master.array))
+                 for rule in (p.update_rule for p in optimizer.target.params())
+                 if rule is not None]
+        self.optimizers.append((optimizer, optimizer.t, optimizer.epoch, rules))
+
     def restore(self) -> None:
         """Put the snapshot back into the model (arrays in place where the shapes agree)."""
+        for optimizer, t, epoch, rules in self.optimizers:
+            optimizer.t, optimizer.epoch = t, epoch
+            for rule, rule_t, state, master in rules:
+                rule.t, current = rule_t, optimizer_state(rule) or {}
+                set_optimizer_state(rule, None if state is None else {
+                    k: self._put(current.get(k), v) if hasattr(v, "shape") else v
+                    for k, v in state.items()})
+                if master is None:
+                    set_fp32_master(rule, None)     # made again from the parameter
+                else:
+                    fp32_master(rule).array = self._put(fp32_master(rule).array, master)
         for param, array, (valid, grad) in self.params:
             # a lazily initialised parameter the failed attempt initialised goes back to None
             param.array = None if array is None else self._put(param.array, array)

@@ -5,7 +5,8 @@ backward pass of the iteration has run, Chainer's own errors included, and no pa
 step count or optimizer state has changed yet (PoocH raises a refusal there, with the models
 as they were). Both the optimizer's 'pre' hooks (run before its step count moves) and each
 update rule (for optimizers without them) are gated; the caller lifts the gate (``lift``) at
-the first call.
+the first call. While ``on_optimizer`` is set, each optimizer's 'pre' hooks hand it the
+optimizer first (PoocH snapshots its step counts and state while a refusal may still come).
 
 Every update rule also runs inside ``around()`` while installed: on the CPU device its NumPy
 temporaries are not device memory, because on a GPU Chainer's update rules (SGD, MomentumSGD,
@@ -32,6 +33,7 @@ class UpdateGate:
         self.before_update = before_update
         self.around = around
         self.lifted = False
+        self.on_optimizer: Callable[[Any], None] | None = None   # each update's optimizer
         self._originals: list[tuple[Any, str, Any]] = []
 
     def install(self) -> None:
@@ -48,6 +50,8 @@ class UpdateGate:
                 return rule_update(rule, param)
 
         def hooks(optimizer: Any, timing: str = "pre") -> Any:
+            if timing == "pre" and gate.on_optimizer is not None:
+                gate.on_optimizer(optimizer)        # before it changes anything
             if timing == "pre" and not gate.lifted:
                 gate.before_update()
             return call_hooks(optimizer, timing)

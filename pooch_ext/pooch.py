@@ -50,14 +50,13 @@ from pooch_ext.errors import (BudgetTooSmallError, PoochError, UnsupportedLoopEr
                               PolicyDoesNotFitError)  # noqa: F401  (importable where raised)
 from pooch_ext.hooks.chainer_refs import check_chainer
 from pooch_ext.hooks.device import UNLIMITED, device_for
-from pooch_ext.hooks.model_state import ModelSnapshot, resident_bytes
+from pooch_ext.hooks.model_state import ModelSnapshot
 from pooch_ext.encodings import check_setting, codecs_of
 from pooch_ext.encodings import classify as choose_encodings
 from pooch_ext.hooks.program import ExecutorError, Program, compile_program
 from pooch_ext.trace import GraphTrace
 from pooch_ext.hooks.executor import Executor
-from pooch_ext.hooks.conv_configs import FirstIterationSplits, measured_configs
-from pooch_ext.hooks.measured_profile import build_profile, fit_link
+from pooch_ext.hooks.conv_configs import FirstIterationSplits
 from pooch_ext.hooks.profiler import Profiler
 from pooch_ext.hooks.scope import Models
 from pooch_ext.hooks.update_gate import UpdateGate
@@ -65,8 +64,9 @@ from pooch_ext.hooks.runtime_device import RuntimeDevice
 from pooch_ext.links import Link, get_link
 from pooch_ext.plan import Plan
 from pooch_ext.pooch_results import PoochResults
+from pooch_ext.runtime_profile import runtime_profile
 from pooch_ext.policies import fitting_plan, get_policy
-from pooch_ext.profile import Device, Profile
+from pooch_ext.profile import Profile
 from pooch_ext.sim.budgets import minimum_budget, resolve_host_budget
 from pooch_ext.units import parse_bytes
 
@@ -146,6 +146,7 @@ class PoocH(PoochResults):
         self.runtime.__enter__()
         _ACTIVE.append(self)
         self._gate.around = self.device.host_side   # an update's temporaries: update_gate.py
+        self._gate.on_optimizer = self._remember_optimizer
         self._gate.install()
         if self.ranks is not None:
             self._allreduce = AllreduceMeter(self.ranks.comm, getattr(self.device, "counter",
@@ -215,13 +216,18 @@ class PoocH(PoochResults):
             self.profiler.attach()
 
     def _in_refusal_window(self) -> bool:
-        """Nothing was updated yet: the first training iteration under PoocH."""
-        return not self._closing and not self._updated and self._trained == 0
+        """The first training iteration under PoocH, whose updates a refusal can undo (each
+        optimizer is snapshotted as it first updates: ``_remember_optimizer``)."""
+        return not self._closing and self._trained == 0
 
     def _before_update(self) -> None:
+        """Each update of the first iteration (the gate is lifted as it ends): checks again
+        what ran since the last check (later backward passes, a GAN's generator pass after
+        the discriminator's update; an overrun before any update) and refuses, putting back
+        parameters, gradients and optimizers."""
         refusal, self._refusal = self._refusal, None
         trace = self.runtime.trace
-        overran = bool(self.overruns)       # all before any update: _overrun
+        overran = not self._updated and bool(self.overruns)     # _overrun
         if refusal is None and trace and (trace.passes > self._checked_passes or overran):
             if overran and self.runtime.profiler is not self.profiler:   # ran unmeasured:
                 refusal = BudgetTooSmallError(                          # what it held, then
@@ -231,9 +237,14 @@ class PoocH(PoochResults):
                 self.profiler.backward_complete(every_pass=True)   # what later passes hold
                 refusal = self._refusal_for(trace, overran)
         self._updated = True
-        self._gate.lift()
         if refusal is not None and not self._closing:
             self._refuse(refusal)
+
+    def _remember_optimizer(self, optimizer: Any) -> None:
+        """An optimizer about to update in the first iteration: its state is snapshotted, so a
+        refusal at that iteration's end (a backward pass after an update) can undo it."""
+        with self.device.host_side():
+            self._snapshot.add_optimizer(optimizer)
 
     def _refuse(self, error: BaseException) -> None:
         """Raise ``error`` with everything put back as it was before PoocH began."""
@@ -259,7 +270,7 @@ class PoocH(PoochResults):
                                         "(see PoocH.overruns)"))
 
     def _unsupported(self, reason: str) -> None:
-        if self._in_refusal_window():
+        if self._in_refusal_window() and not self._updated:
             self._refusal = UnsupportedLoopError(
                 f"PoocH cannot run this training loop exactly: {reason}")
             return                          # raised before the first update
@@ -281,9 +292,8 @@ class PoocH(PoochResults):
         """Why the iteration so far says this run cannot work (None: it can), on a profile of
         what it measured: in the first iteration, or in any before the first update that
         ``overran`` the budget."""
-        window = self._in_refusal_window() or (overran and not self._updated
-                                               and not self._closing)
-        if not window or trace.unsupported:
+        window = self._in_refusal_window() or (overran and not self._updated)
+        if not window or self._closing or trace.unsupported:
             return None                     # an unsupported loop is refused at the update
         self._checked_passes = trace.passes
         try:
@@ -319,6 +329,9 @@ class PoocH(PoochResults):
         if not trace.backward_order or trace.unsupported:
             return              # not a training iteration PoocH can plan
         self._trained += 1
+        if self._updated:                   # no refusal comes after the first iteration
+            self._gate.lift()
+            self._gate.on_optimizer = None
         signature = trace.signature()
         graph = self._graphs.get(signature)
         if graph is None:
@@ -406,22 +419,8 @@ class PoocH(PoochResults):
 
     # ------------------------------------------------------------ profile and plan
     def _build_profile(self, samples: list) -> Profile:
-        trace = samples[-1].trace
-        link = self.link if isinstance(self.link, Link) else None
-        if link is None:
-            link = (self.device.link if self.device.kind == "cpu"
-                    else fit_link(samples[1:] or samples) or get_link("pcie3"))
-        measured = self.link == "auto"     # copy times as the copy engines took them
-        batch = next((t.shape[0] for t in trace.tensors if t.producer < 0 and t.shape), None)
-        meta = {"model": self.models.name, "batch": batch,
-                "device_kind": self.device.kind}
-        device = Device(self.device.name, int(self.budget_bytes), self.device.kind)
-        measure_splits = (lambda call: measured_configs(call, self.device)) \
-            if self.split_convolutions else None
-        after = self._allreduce.after_backward() if self._allreduce is not None else None
-        return build_profile(samples, device, link, resident_bytes(self.models), meta,
-                             measured_swaps=measured, configs_of=measure_splits,
-                             after_backward=after)
+        return runtime_profile(samples, self.link, self.device, self.models, self.budget_bytes,
+                               self.split_convolutions, self._allreduce)
 
     def _agreed(self, profile: Profile, decide: Callable[[Profile], Any]) -> tuple[Profile, Any]:
         """(profile, decide(profile)); with data-parallel ranks, every rank's profile
