@@ -241,6 +241,14 @@ class CpuDevice:
         same in every iteration, the first (which PoocH checks the budget on) included."""
         self.resident = resident_bytes(model)
         if self.counter is not None:
+            for param in model.params():
+                grad = grad_of(param)
+                if isinstance(grad, np.ndarray) and grad.base is None and \
+                        self.counter.counted_bytes(grad) == 0 and grad.nbytes:
+                    # made before counting began (Chainer fills a new parameter's with NaN):
+                    # a copy counts, as every later iteration's will (taken out whole below,
+                    # an uncounted one had left the first iteration short by its bytes)
+                    param.grad = grad.copy()
             grads = {id(base_of(g)) for g in map(grad_of, model.params()) if g is not None}
             bases = {id(base_of(a)): base_of(a) for a in model_arrays_with(model)}
             self._resident_counted = sum(self.counter.counted_bytes(a) for key, a in bases.items()

@@ -289,13 +289,11 @@ class Executor(GraphRecorder):
             self.on_unsupported_run(reason)
 
     def on_forward_begin(self, index: int, function: Any) -> None:
-        name = type(function).__name__
         if self.mode == SCHEDULED:
+            name = type(function).__name__
             reason = self.program.matches(index, name, self.op_sources, self._in_data)
             if reason and not self._switch(index, name):
                 self._deviate(reason)
-        elif index == 0 and self.program is None and not self.passive:
-            self._switch(0, name)     # a known graph begins where one without a plan was due
         self._run_until(index)
         pieces, checked = None, True
         if self.mode == SCHEDULED:

@@ -66,6 +66,10 @@ class IterationSample:
     # allocations); whether it was the first iteration measured (no earlier graph alive)
     end: tuple[int, int, bool] | None = None
     first: bool = False
+    # parameters whose gradient the first pass wrote and the loop cleared before a later one
+    # (a GAN's generator: its optimizer clears it before its own pass only), so in a later
+    # iteration the earlier passes find the last one's gradient held (``cleared_gradients``)
+    stale_gradients: set[int] = field(default_factory=set)
     # the device's peak after its last op window (later backward passes, the update), which
     # a later iteration's first op window takes in
     tail_peak: int | None = None
@@ -276,7 +280,8 @@ def cleared_gradients(trace: GraphTrace, samples: list[IterationSample]
     for p, ops in sorted(readers.items()):
         records = [s.trace.params[p] for s in samples if p < len(s.trace.params)]
         if len(records) != len(samples) or any(r.nbytes != records[0].nbytes or r.grad_in_backward
-                                               for r in records):
+                                               for r in records) \
+                or any(p in s.stale_gradients for s in samples):
             continue
         cleared.append((records[0].nbytes, ops, any(r.grad_in_forward for r in records)))
     return cleared

@@ -83,6 +83,15 @@ class Profiler:
         # the bytes off it as the stretch since the last revisited op began
         self._tail_upper = 0
         self._tail_host = 0
+        # parameters holding a gradient as the first pass ended; those of them a later pass
+        # of this iteration found cleared (IterationSample.stale_gradients)
+        self._grads_after_first: set[int] | None = None
+        self._stale: set[int] | None = None
+
+    def _gradients_held(self) -> set[int]:
+        """``trace.params`` indices of the parameters that hold a gradient now."""
+        return {index for index, ref in self.executor._params.values()
+                if getattr(ref(), "grad_var", None) is not None}
 
     # ------------------------------------------------------------ switching
     @property
@@ -209,10 +218,14 @@ class Profiler:
                          executor.device.held(counter.live()), every_pass)
             if not every_pass:
                 self._tail_upper, self._tail_host = 0, executor.maps.absent_bytes()
+        if not every_pass:
+            self._grads_after_first = self._gradients_held()
 
     def revisit_began(self) -> None:
         """A later backward pass reaches another op: the stretch before it held at most its
         peak and the maps off the device at its start (a later pass only brings maps back)."""
+        if self._stale is None and self._grads_after_first is not None:
+            self._stale = self._grads_after_first - self._gradients_held()
         device = self.executor.device
         counter = getattr(device, "counter", None)
         if counter is not None and self._end is not None and self._timing is None:
@@ -359,6 +372,7 @@ class Profiler:
         sample.codec_s = {codec: list(values) for codec, values in self._codec_s.items()}
         sample.end = self._end
         sample.first = executor.iteration == 0
+        sample.stale_gradients = set(self._stale or ())
         return sample
 
     def _ran_schedule(self) -> Any:

@@ -333,7 +333,13 @@ def judge(situation: Situation, plain: Outcome, run: Outcome, *, budget: int | N
         f"logged values differ from plain Chainer's:\n plain {plain.values}\n pooch {run.values}")
     assert states_equal(run.state, plain.state), _state_diff(plain.state, run.state)
     overruns = getattr(run.pooch, "overruns", [])
-    assert not overruns, f"the budget did not hold: {len(overruns)} overruns, first {overruns[0]}"
+    if overruns:
+        # only an iteration run on demand after the graph changed (PoocH measures the new
+        # graph there, unplanned) may hold more than the budget; never a planned one
+        programs = run.pooch.iterations.program
+        planned = [o for o in overruns if programs.iloc[o["iteration"]] != "on-demand"
+                   or o["iteration"] == 0 or not any(run.pooch.iterations.deviation)]
+        assert not planned, f"the budget did not hold: {len(planned)} overruns, first {planned[0]}"
     if budget is not None and incore is not None and budget < incore:
         # the graph whose plan ran last must have had something moved if it needed more
         # than the budget (a loop's other graphs may be smaller than the largest one)
