@@ -254,6 +254,16 @@ class FirstIterationSplits:
             self._calls[id(function)] = call
         return pieces
 
+    def unrecorded(self, function: Any, in_data: tuple) -> tuple[int, int] | None:
+        """Pieces for a convolution run with backprop off (an evaluation, a teacher's
+        forward) at any time: no plan counts its memory, so it is split as the first
+        iteration's are (whole, its column buffer alone held 2.4 times a user's budget)."""
+        call = conv_call(function, in_data)
+        pieces = None if call is None else first_iteration_pieces(call, self.budget_bytes)
+        if pieces is not None:
+            measured_configs(call, self.device, parts=("forward",))
+        return pieces
+
     def backward(self, function: Any, out_grad: tuple) -> None:
         call = self._calls.pop(id(function), None)
         if call is not None and out_grad and out_grad[0] is not None:

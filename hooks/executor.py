@@ -9,10 +9,9 @@ soon as backward op j ends, so frees happen early.
 
 An iteration is in one of three modes (``mode``): *scheduled* while it follows its program;
 *on demand* without a program (the first profiling iteration) or once its graph deviated
-from the program (a different function, tensors or shapes, or backward order: checked at
-every op, ``on_deviation`` is called and PoocH re-profiles), where hooks/ondemand.py decides;
-*passive* for a loop PoocH cannot plan (every dropped map comes back and Chainer runs plainly).
-A profiler (hooks/profiler.py) is attached only while PoocH profiles.
+(a different function, tensors or shapes, or backward order: checked at every op;
+PoocH re-profiles), where hooks/ondemand.py decides; *passive* for a loop PoocH cannot plan
+(every dropped map comes back). A profiler (hooks/profiler.py) is attached while profiling.
 """
 from __future__ import annotations
 
@@ -20,10 +19,11 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
-from pooch_ext.errors import SpentGraphError
-from pooch_ext.hooks.chainer_refs import set_node_array
-from pooch_ext.hooks.function_nodes import (SPENT, TAG, misses_saved, node_state,
-                                           orphan_inputs)
+import pooch_ext  # noqa: F401  (chainer import compat)
+import chainer
+
+from pooch_ext.hooks.ended_graphs import let_go, refuse_stale_backward
+from pooch_ext.hooks.function_nodes import TAG
 from pooch_ext.hooks.graph import GraphRecorder
 from pooch_ext.hooks.inplace_relu import alone, as_chainer, write_over_input
 from pooch_ext.hooks.map_actions import MapActions
@@ -89,8 +89,10 @@ class Executor(GraphRecorder):
         self._in_data: tuple = ()
         self._over_input: Any = None     # the function now writing over its input, if any
         # (function, its input arrays) -> (forward, backward) pieces to run a convolution in
-        # while no program governs the maps, or None (PoocH: its first iteration)
+        # while no program governs the maps, or None (PoocH: its first iteration); and one
+        # run with backprop off (an evaluation), which no plan governs at any time
         self.on_demand_split: Callable[[Any, tuple], tuple[int, int] | None] | None = None
+        self.unrecorded_split: Callable[[Any, tuple], tuple[int, int] | None] | None = None
         # (that function, its incoming gradients) as its backward begins: a split's backward
         # checks are made there, before the op's clock starts
         self.on_demand_backward: Callable[[Any, tuple], None] | None = None
@@ -206,6 +208,10 @@ class Executor(GraphRecorder):
             super().forward_preprocess(function, in_data)
         finally:
             self._in_data = ()
+        if self.unrecorded_split is not None and not chainer.config.enable_backprop and \
+                not self._in_backward and not self.paused:
+            if (pieces := self.unrecorded_split(function, in_data)) is not None:
+                split(function, ConvSplit(pieces[0], pieces[1], pieces[1]), KNOWN)
 
     def forward_postprocess(self, function: Any, in_data: tuple) -> None:
         if self._over_input is function:   # an in-place forward is for this one run only
@@ -398,37 +404,15 @@ class Executor(GraphRecorder):
         return self._holding.settled(trace)
 
     def _drop_node_state(self, trace: GraphTrace) -> None:
-        """The ended iteration's nodes whose backward ran let go of what they kept for it
-        (pooling argmax, BatchNormalization statistics, inputs no Variable holds: the last
-        batch): a loop that keeps its ``loss`` (L.Classifier's ``self.loss``) keeps the graph
-        through the next forward, which then holds none of it (measured: 1.57 MB of argmax on
-        a three-convolution net at batch 32, 15% of its smallest budget; a user's CNN kept
-        its last 192 KiB batch, and a budget at the first check's minimum was overrun).
-        Nothing runs those nodes' backward again (``on_stale_backward``). Not while a backward
-        pass still runs, nor after an unsupported iteration (double backprop: a gradient's
-        product can begin what looks like the next iteration while the old graph is read)."""
-        if self._pass_depth or trace.unsupported:
-            return      # a backward pass may still run over that graph (double backprop)
-        ran = set(trace.backward_order) | set(trace.revisited)
-        for k, ref in enumerate(self.functions):
-            node = ref() if k in ran else None
-            if node is not None:
-                for name, _ in node_state(node, set()):
-                    setattr(node, name, None)
-                    setattr(node, SPENT, True)
-                for variable_node in orphan_inputs(node):   # the old batch, say
-                    set_node_array(variable_node, None)
+        """The ended iteration's nodes let go of what they kept (hooks/ended_graphs.py). Not
+        while a backward pass still runs, nor after an unsupported iteration (double
+        backprop: a gradient's product can begin what looks like the next iteration while
+        the old graph is read)."""
+        if not self._pass_depth and not trace.unsupported:
+            let_go(self.functions, set(trace.backward_order) | set(trace.revisited))
 
     def on_stale_backward(self, function: Any) -> None:
-        """``backward()`` over a graph of an ended iteration: where a node misses what PoocH
-        freed, a clear error instead of Chainer's AttributeError inside the node."""
-        if misses_saved(function):
-            raise SpentGraphError(
-                f"backward() reached {type(function).__name__} of a graph built in an earlier "
-                "iteration; PoocH freed the arrays it saved for backward after that "
-                "iteration's backward ran (as a plan frees every map after its last use), so "
-                "under PoocH a graph runs backward only in the iteration that built it: "
-                "compute the loss again for a later backward")
+        refuse_stale_backward(function)
 
     def on_backward_complete(self, trace: GraphTrace) -> None:
         if self.profiler is not None:

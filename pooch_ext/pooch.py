@@ -186,6 +186,7 @@ class PoocH(PoochResults):
                                                   self.split_convolutions)
         self.runtime.on_demand_split = self._first_splits.pieces
         self.runtime.on_demand_backward = self._first_splits.backward
+        self.runtime.unrecorded_split = self._first_splits.unrecorded if self.split_convolutions else None
         self.runtime.use(None)
         self.profiler.attach()
         self.runtime.catalog = self._programs

@@ -229,6 +229,58 @@ def test_the_cpu_device_counts_a_gradient_made_before_it_began():
         device.restore()
 
 
+class _EvalNet(chainer.Chain):
+    def __init__(self) -> None:
+        super().__init__()
+        with self.init_scope():
+            self.c1 = L.Convolution2D(3, 16, 3, 1, 1)
+            self.c2 = L.Convolution2D(16, 32, 3, 1, 1)
+            self.fc = L.Linear(32 * 64, 10)
+
+    def forward(self, x):
+        return self.fc(F.max_pooling_2d(F.relu(self.c2(F.relu(self.c1(x)))), 2))
+
+
+def _train_with_evaluations(pooch: dict | None) -> tuple:
+    """(final state, evaluation outputs, PoocH or None, its refusal or None): an evaluation
+    with backprop off after every other update, at the training batch."""
+    rs = np.random.RandomState(3)
+    x, t = rs.rand(16, 3, 16, 16).astype("f"), rs.randint(0, 10, 16).astype("i")
+    np.random.seed(0)
+    model = L.Classifier(_EvalNet())
+    optimizer = chainer.optimizers.Adam()
+    optimizer.setup(model)
+    outputs, runtime, error = [], None, None
+    try:
+        with (PoocH(model, device=CpuDevice(), verbose=False, **pooch) if pooch is not None
+              else contextlib.nullcontext()) as runtime:
+            for i in range(6):
+                optimizer.update(model, x, t)
+                if i % 2:
+                    with chainer.using_config("enable_backprop", False), \
+                            chainer.using_config("train", False):
+                        outputs.append(model.predictor(x).array.copy())
+    except BudgetTooSmallError as refusal:
+        error = refusal
+    return model_state(model, optimizer), outputs, runtime, error
+
+
+def test_an_evaluation_between_iterations_stays_within_the_budget():
+    """No plan governs a forward run with backprop off, and whole, its convolutions' column
+    buffers held 2.4 times a user's budget after every update (the plan, charged with them,
+    never ran). They are split as the first iteration's are: at the smallest budget the
+    plan runs, nothing overruns, and training and the evaluations are bit-identical."""
+    plain_state, plain_outputs, _, _ = _train_with_evaluations(None)
+    _, _, _, refusal = _train_with_evaluations(dict(budget=1000, profile_iters=2))
+    assert refusal is not None
+    state, outputs, pooch, error = _train_with_evaluations(
+        dict(budget=refusal.minimum_bytes, profile_iters=2))
+    assert error is None and pooch.overruns == []
+    assert states_equal(state, plain_state)
+    assert all(a.tobytes() == b.tobytes() for a, b in zip(outputs, plain_outputs))
+    assert pooch.plan is not None and (pooch.iterations.program.iloc[2:] == "pooch").all()
+
+
 def test_an_out_of_memory_error_before_the_first_update_changes_nothing():
     """A GPU's out-of-memory error (here a MemoryError the loop raises) that leaves the block
     before any update: gradients and BatchNormalization statistics as they were."""
