@@ -105,6 +105,7 @@ class Executor(GraphRecorder):
         self.on_demand = OnDemand(self)
         self.maps.restore_absent = self.on_demand.restore
         self._next_boundary = 0
+        self.head_peak = 0
         self._pending_in_data: tuple | None = None
         self._input_bases: set[int] = set()
         # what this iteration did to feature maps: its schedule, as (boundary, action, tensor,
@@ -253,6 +254,9 @@ class Executor(GraphRecorder):
             self.device.note_resident(self.model)
         if self.program is None:
             self._unbudgeted()              # nothing planned this iteration's memory
+        # before the first op: what ran since PoocH began (a teacher's forward, the batch
+        # made), which later iterations run after the last op (the profiler's tail)
+        self.head_peak = int(self.device.peak) if self.iteration == 0 else 0
         self.device.reset_peak()
         self.stats.started = time.perf_counter()
         if self.profiler is not None:

@@ -73,6 +73,9 @@ class IterationSample:
     # the device's peak after its last op window (later backward passes, the update), which
     # a later iteration's first op window takes in
     tail_peak: int | None = None
+    # the first iteration's: the device's peak before its first op (a teacher's forward, the
+    # batch made), which later iterations run with the last graph still held
+    head_peak: int | None = None
 
 
 def fit_link(samples: list[IterationSample], name: str = "measured") -> Link | None:

@@ -372,6 +372,7 @@ class Profiler:
         sample.codec_s = {codec: list(values) for codec, values in self._codec_s.items()}
         sample.end = self._end
         sample.first = executor.iteration == 0
+        sample.head_peak = executor.head_peak if sample.first and counts else None
         sample.stale_gradients = set(self._stale or ())
         return sample
 

@@ -230,12 +230,12 @@ def test_the_cpu_device_counts_a_gradient_made_before_it_began():
 
 
 class _EvalNet(chainer.Chain):
-    def __init__(self) -> None:
+    def __init__(self, width: int = 32) -> None:
         super().__init__()
         with self.init_scope():
             self.c1 = L.Convolution2D(3, 16, 3, 1, 1)
-            self.c2 = L.Convolution2D(16, 32, 3, 1, 1)
-            self.fc = L.Linear(32 * 64, 10)
+            self.c2 = L.Convolution2D(16, width, 3, 1, 1)
+            self.fc = L.Linear(width * 64, 10)
 
     def forward(self, x):
         return self.fc(F.max_pooling_2d(F.relu(self.c2(F.relu(self.c1(x)))), 2))
@@ -279,6 +279,45 @@ def test_an_evaluation_between_iterations_stays_within_the_budget():
     assert states_equal(state, plain_state)
     assert all(a.tobytes() == b.tobytes() for a, b in zip(outputs, plain_outputs))
     assert pooch.plan is not None and (pooch.iterations.program.iloc[2:] == "pooch").all()
+
+
+def _distil(pooch: dict | None) -> tuple:
+    """(final state, PoocH or None, its refusal or None): a student trained on a frozen,
+    wider teacher's outputs, the teacher run with backprop off before each forward."""
+    rs = np.random.RandomState(3)
+    x, t = rs.rand(32, 3, 16, 16).astype("f"), rs.randint(0, 10, 32).astype("i")
+    np.random.seed(0)
+    student, teacher = _EvalNet(), _EvalNet(width=48)
+    optimizer = chainer.optimizers.SGD()
+    optimizer.setup(student)
+    runtime, error = None, None
+    try:
+        with (PoocH(student, device=CpuDevice(), verbose=False, **pooch) if pooch is not None
+              else contextlib.nullcontext()) as runtime:
+            for _ in range(5):
+                with chainer.no_backprop_mode():
+                    target = teacher(x)
+                y = student(x)
+                loss = F.mean_squared_error(y, target.array) + F.softmax_cross_entropy(y, t)
+                student.cleargrads()
+                loss.backward()
+                optimizer.update()
+    except BudgetTooSmallError as refusal:
+        error = refusal
+    return model_state(student, optimizer), runtime, error
+
+
+def test_a_teachers_forward_before_each_iteration_is_counted_in_the_first_check():
+    """The teacher runs before the student's first op: the first iteration measures it there
+    (``head_peak``), and a later iteration runs it with the last graph still held (its
+    pooling argmax, until the first op lets it go). Before, the minimum the first check gave
+    was accepted and every later iteration ran unplanned over it."""
+    plain, _, _ = _distil(None)
+    _, _, refusal = _distil(dict(budget=1000, profile_iters=2))
+    assert refusal is not None
+    state, pooch, error = _distil(dict(budget=refusal.minimum_bytes, profile_iters=2))
+    assert error is None and pooch.overruns == [] and states_equal(state, plain)
+    assert pooch.plan is not None
 
 
 def test_an_out_of_memory_error_before_the_first_update_changes_nothing():
