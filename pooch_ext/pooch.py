@@ -16,21 +16,21 @@ The budget (None: the device's capacity) applies from the second profiled iterat
 first one runs before anything is known, swapping on demand, and tells the smallest budget
 any plan can reach, counting what later iterations hold more (hooks/later_iterations.py:
 gradients a loop clears after its forward, the last iteration's tail). The check comes at
-the end of that first backward pass (again at the first update if more passes ran:
-``chainer.grad``, then ``backward``): a budget below the minimum, or one the chosen policy cannot meet, raises
+the end of that first backward pass (again at each update of that iteration if more passes
+ran: ``chainer.grad``, then ``backward``; a GAN's generator pass after the discriminator's
+update): a budget below the minimum, or one the chosen policy cannot meet, raises
 BudgetTooSmallError (with the minimum) out of ``loss.backward()`` (``optimizer.update()``),
 and every link's parameters, gradients and persistent state (BatchNormalization statistics)
-are put back as they were, so the failed attempt changes nothing. A loop PoocH cannot run
+and every optimizer that updated are put back as they were: nothing changes. A loop PoocH cannot run
 exactly (double backprop, a static graph) is refused at the first optimizer update
 (``UnsupportedLoopError``). An overrun before the first update (gradients accumulated over
 iterations) has it check again on what that iteration measured. After the first update
 nothing is refused: a policy that cannot plan leaves the swap-all plan running (or none).
 
-With ``comm`` (ChainerMN) every decision is made on rank 0 from all ranks' profiles
-(pooch_ext/distributed.py). ``encodings="lossless"`` lets the plan store maps encoded and
-run ReLUs in place (Gist); "lossy(-fp8)": fp16 (fp8) too. Variables the user's code holds
-keep their arrays (only the graph's references are dropped); the profile measures how long
-they are held and plans count them as kept for that long.
+With ``comm`` (ChainerMN) rank 0 decides from all ranks' profiles (pooch_ext/distributed.py).
+``encodings="lossless"``: maps stored encoded, ReLUs in place (Gist); "lossy(-fp8)": fp16
+(fp8) too. Variables the user's code holds keep their arrays (only the graph's references
+are dropped); the profile measures how long they are held and plans count them kept.
 """
 from __future__ import annotations
 
@@ -120,7 +120,7 @@ class PoocH(PoochResults):
         self._updated = False                       # an optimizer has updated a parameter
         self._refusal: Exception | None = None      # raised before the first update
         self._checked_passes = 0                    # backward passes the check has seen
-        self._gate = UpdateGate(self._before_update)  # calls it before the first update
+        self._gate = UpdateGate(self._before_update)  # before updates of the first iteration
         self._closing = False
         self._budget_applied = False
         self.overruns: list[dict] = []              # budget overruns the CPU device measured
@@ -243,7 +243,7 @@ class PoocH(PoochResults):
 
     def _remember_optimizer(self, optimizer: Any) -> None:
         """An optimizer about to update in the first iteration: its state is snapshotted, so a
-        refusal at that iteration's end (a backward pass after an update) can undo it."""
+        refusal at a later update of that iteration (after another backward pass) undoes it."""
         with self.device.host_side():
             self._snapshot.add_optimizer(optimizer)
 
