@@ -8,6 +8,9 @@ import pandas as pd
 
 from pooch_ext.units import format_bytes
 
+ITERATION_COLUMNS = ["iteration", "program", "wall_s", "compute_s", "peak_bytes", "swap_outs",
+                     "swap_ins", "recomputes", "frees", "splits", "on_demand", "deviation"]
+
 
 class PoochResults:
     """PoocH's read-only views of its plan and runtime (``plan``, ``profile``, ``runtime``,
@@ -63,7 +66,7 @@ class PoochResults:
                 peak_bytes=stats.peak_bytes, swap_outs=stats.swap_outs, swap_ins=stats.swap_ins,
                 recomputes=stats.recomputes, frees=stats.frees, splits=len(stats.splits),
                 on_demand=stats.on_demand, deviation=stats.deviation))
-        return pd.DataFrame(rows)
+        return pd.DataFrame(rows, columns=ITERATION_COLUMNS)   # the columns even when empty
 
     @property
     def allocations(self) -> pd.DataFrame:

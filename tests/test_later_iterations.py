@@ -158,8 +158,9 @@ def test_a_pass_after_the_first_update_is_checked_at_the_first_iterations_end():
     again on all it measured and, refusing, puts back the parameters, gradients and both
     optimizers' step counts and state (Adam's moments, the momentum)."""
     _, plain, _, _ = _gan(None)
-    _, _, roomy, _ = _gan(dict(profile_iters=2, budget=1000))
+    _, _, roomy, refused = _gan(dict(profile_iters=2, budget=1000))
     assert roomy is not None
+    assert "peak_bytes" in refused.iterations.columns   # readable after a refusal, if empty
     first_check = roomy.minimum_bytes
     before, after, error, _ = _gan(dict(profile_iters=2, budget=first_check))
     assert error is not None and error.minimum_bytes > first_check, error
