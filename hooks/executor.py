@@ -76,6 +76,8 @@ class Executor(GraphRecorder):
                  link_added: Callable[[Any], None] | None = None) -> None:
         super().__init__(model, keep_traces)
         self.device = device
+        if model is not None:       # counted from the start: what runs before the first op too
+            device.note_resident(model)
         self.program: Program | None = None
         self.on_deviation = on_deviation
         self.iteration_done = iteration_done
