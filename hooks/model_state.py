@@ -166,7 +166,7 @@ class ModelSnapshot:
                 set_optimizer_state(rule, None if state is None else {
                     k: self._put(current.get(k), v) if hasattr(v, "shape") else v
                     for k, v in state.items()})
-                if master is None:
+                if master is None or fp32_master(rule) is None:
                     set_fp32_master(rule, None)     # made again from the parameter
                 else:
                     fp32_master(rule).array = self._put(fp32_master(rule).array, master)

@@ -1,12 +1,14 @@
-"""The update gate: the one moment to refuse a training run without changing anything.
+"""The update gate: the moments to refuse a training run without changing anything.
 
-Until the first update, every optimizer first calls ``before_update``: the moment when every
-backward pass of the iteration has run, Chainer's own errors included, and no parameter,
-step count or optimizer state has changed yet (PoocH raises a refusal there, with the models
-as they were). Both the optimizer's 'pre' hooks (run before its step count moves) and each
-update rule (for optimizers without them) are gated; the caller lifts the gate (``lift``) at
-the first call. While ``on_optimizer`` is set, each optimizer's 'pre' hooks hand it the
-optimizer first (PoocH snapshots its step counts and state while a refusal may still come).
+Until lifted, every optimizer first calls ``before_update``: at the first update, every
+backward pass before it has run, Chainer's own errors included, and no parameter, step
+count or optimizer state has changed yet (PoocH raises a refusal there, with the models as
+they were). Both the optimizer's 'pre' hooks (run before its step count moves) and each
+update rule (for optimizers without them) are gated. The caller lifts the gate (``lift``)
+once no refusal can come (PoocH: as its first iteration with an update ends, so a later
+update of that iteration, after another backward pass, may refuse too); while
+``on_optimizer`` is set, each optimizer's 'pre' hooks hand it the optimizer first (PoocH
+snapshots its step counts and state, to put them back on such a refusal).
 
 Every update rule also runs inside ``around()`` while installed: on the CPU device its NumPy
 temporaries are not device memory, because on a GPU Chainer's update rules (SGD, MomentumSGD,
