@@ -248,9 +248,8 @@ class FirstIterationSplits:
         if not self.active:
             return None
         call = conv_call(function, in_data)
-        pieces = None if call is None else first_iteration_pieces(call, self.budget_bytes)
+        pieces = self._measured(call)
         if pieces is not None:
-            measured_configs(call, self.device, parts=("forward",))
             self._calls[id(function)] = call
         return pieces
 
@@ -258,7 +257,11 @@ class FirstIterationSplits:
         """Pieces for a convolution run with backprop off (an evaluation, a teacher's
         forward) at any time: no plan counts its memory, so it is split as the first
         iteration's are (whole, its column buffer alone held 2.4 times a user's budget)."""
-        call = conv_call(function, in_data)
+        return self._measured(conv_call(function, in_data))
+
+    def _measured(self, call: ConvCall | None) -> tuple[int, int] | None:
+        """``first_iteration_pieces`` of ``call`` (None: not a convolution), the forward's
+        measured (and checked exact) before the op runs."""
         pieces = None if call is None else first_iteration_pieces(call, self.budget_bytes)
         if pieces is not None:
             measured_configs(call, self.device, parts=("forward",))
