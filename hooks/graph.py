@@ -205,7 +205,8 @@ class GraphRecorder(chainer.FunctionHook):
             self.on_revisit_begin(k, function)
             return
         if not self.trace.backward_order:
-            self._note_gradients_at_backward()
+            for index in self.gradients_held():    # which parameters still hold a gradient
+                self.trace.params[index].grad_in_backward = True
             if not self._pass_depth:
                 self._expected_backward = count_backward_ops(function, self._serial)
         self._visited.add(k)
@@ -396,12 +397,10 @@ class GraphRecorder(chainer.FunctionHook):
         self._params[id(param)] = (index, weakref.ref(param))
         return index
 
-    def _note_gradients_at_backward(self) -> None:
-        """As the first backward pass starts: which parameters still hold a gradient."""
-        for index, ref in self._params.values():
-            param = ref()
-            self.trace.params[index].grad_in_backward = (param is not None
-                                                         and param.grad_var is not None)
+    def gradients_held(self) -> set[int]:
+        """``trace.params`` indices of the parameters that hold a gradient now."""
+        return {index for index, ref in self._params.values()
+                if getattr(ref(), "grad_var", None) is not None}
 
     def _resolve(self) -> None:
         """Finish recording the pending op now that Chainer has wired its inputs and outputs."""

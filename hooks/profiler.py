@@ -88,11 +88,6 @@ class Profiler:
         self._grads_after_first: set[int] | None = None
         self._stale: set[int] | None = None
 
-    def _gradients_held(self) -> set[int]:
-        """``trace.params`` indices of the parameters that hold a gradient now."""
-        return {index for index, ref in self.executor._params.values()
-                if getattr(ref(), "grad_var", None) is not None}
-
     # ------------------------------------------------------------ switching
     @property
     def measuring(self) -> bool:
@@ -219,13 +214,13 @@ class Profiler:
             if not every_pass:
                 self._tail_stretches, self._tail_host = [], executor.maps.absent()
         if not every_pass:
-            self._grads_after_first = self._gradients_held()
+            self._grads_after_first = self.executor.gradients_held()
 
     def revisit_began(self) -> None:
         """A later backward pass reaches another op: the stretch before it held at most its
         peak and the maps off the device at its start (a later pass only brings maps back)."""
         if self._stale is None and self._grads_after_first is not None:
-            self._stale = self._grads_after_first - self._gradients_held()
+            self._stale = self._grads_after_first - self.executor.gradients_held()
         device = self.executor.device
         counter = getattr(device, "counter", None)
         if counter is not None and self._end is not None and self._timing is None:
@@ -239,9 +234,7 @@ class Profiler:
         (Every map off the device had been counted: on Chainer's DCGAN example 37% above
         what later iterations needed.)"""
         read = {t for k in set(trace.revisited) if k < len(trace.ops)
-                for op in (trace.ops[k],)
-                for t in [op.inputs[p] for p in op.retain_inputs]
-                + [op.outputs[p] for p in op.retain_outputs]}
+                for t in self.executor.on_demand.retained(trace.ops[k])}
         stretches = self._tail_stretches + [(tail, self._tail_host)]
         return max(held + sum(nbytes for t, nbytes in absent.items() if t in read)
                    for held, absent in stretches)
