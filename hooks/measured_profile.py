@@ -407,7 +407,7 @@ def build_profile(samples: list[IterationSample], device: Device, link: Link, re
         if unmodelled:
             info["unmodelled_bytes"] = [list(item) for item in sorted(unmodelled.items())]
         profile = build()
-    held = held_between_ops(list(_modelled(profile, use)))
+    held = held_between_ops(modelled)    # levels: the rebuild changed only op peaks
     if held:
         profile.meta[HELD_BETWEEN_OPS] = [list(item) for item in sorted(held.items())]
     if measured_swaps:
