@@ -415,7 +415,7 @@ class Executor(GraphRecorder):
         backprop: a gradient's product can begin what looks like the next iteration while
         the old graph is read)."""
         if not self._pass_depth and not trace.unsupported:
-            let_go(self.functions, set(trace.backward_order) | set(trace.revisited))
+            let_go(self.functions, trace.backward_ran)
 
     def on_stale_backward(self, function: Any) -> None:
         refuse_stale_backward(function)

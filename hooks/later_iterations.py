@@ -35,7 +35,7 @@ def carried_bytes(profile: Profile, sample: Any, predicted: pd.DataFrame,
         # at the iteration's last boundary, its own actions came after the measurement
         level = int(predicted["bytes_before" if boundary == len(predicted) - 1
                               else "bytes"].iloc[boundary])
-        ran = set(sample.trace.backward_order) | set(sample.trace.revisited)
+        ran = sample.trace.backward_ran
         own = math.inf if every_pass else sum(
             nbytes for k, nbytes in sample.saved_bytes.items() if k not in ran) + cleared
         carried[:len(profile.forward_ops)] = max(0, min(held - level, own))
@@ -78,7 +78,7 @@ def later_gaps(sample: Any, carried: np.ndarray) -> dict[int, int]:
         # what ran before the first op (a distillation teacher's forward) runs again in a
         # later iteration beside what it carries and, before that first op lets it go, what
         # the last graph's nodes kept for their backward (measured: 266 KB of pooling argmax)
-        ran = set(sample.trace.backward_order) | set(sample.trace.revisited)
+        ran = sample.trace.backward_ran
         kept = sum(nbytes for k, nbytes in sample.saved_bytes.items() if k in ran)
         gaps[0] = max(gaps.get(0, 0), sample.head_peak + int(carried[0]) + kept)
     return gaps

@@ -83,6 +83,11 @@ class GraphTrace:
                 tuple((t.shape, t.dtype) for t in self.tensors), tuple(self.backward_order))
 
     @property
+    def backward_ran(self) -> set[int]:
+        """Forward ops whose backward ran, in the first pass or a later one."""
+        return set(self.backward_order) | self.revisited
+
+    @property
     def loss(self) -> int:
         """The tensor backward starts from: first output of the op whose backward runs first."""
         if not self.backward_order:
