@@ -108,9 +108,27 @@ class _Discriminator(chainer.Chain):
         return self.l(F.leaky_relu(self.c1(x)))
 
 
+def _gan_iterations(gen, dis, opt_gen, opt_dis, rs, iterations: int = 3) -> None:
+    """A DCGAN updater's iterations: the discriminator's pass and update, then the
+    generator's pass over the same graph."""
+    for _ in range(iterations):
+        z, real = rs.randn(16, 32).astype("f"), rs.randn(16, 3, 16, 16).astype("f")
+        fake = gen(z)
+        y_fake, y_real = dis(fake), dis(real)
+        loss_dis = F.sum(F.softplus(-y_real)) / 16 + F.sum(F.softplus(y_fake)) / 16
+        loss_gen = F.sum(F.softplus(-y_fake)) / 16
+        dis.cleargrads()
+        loss_dis.backward()
+        opt_dis.update()                 # the first update, before the next pass
+        gen.cleargrads()
+        loss_gen.backward()
+        opt_gen.update()
+        fake.unchain_backward()
+
+
 def _gan(pooch: dict | None) -> tuple:
-    """A DCGAN updater's loop: the discriminator's pass and update, then the generator's pass
-    over the same graph. (state before, state after, the refusal or None)."""
+    """(state before, state after, the refusal or None, PoocH or None) of ``_gan_iterations``
+    with Adam for the generator and MomentumSGD for the discriminator."""
     np.random.seed(0)
     gen, dis = _Generator(), _Discriminator()
     opt_gen, opt_dis = chainer.optimizers.Adam(1e-3), chainer.optimizers.MomentumSGD(0.01)
@@ -127,19 +145,7 @@ def _gan(pooch: dict | None) -> tuple:
     try:
         with (PoocH([gen, dis], device=CpuDevice(), verbose=False, **pooch) if pooch
               else contextlib.nullcontext()) as runtime:
-            for _ in range(3):
-                z, real = rs.randn(16, 32).astype("f"), rs.randn(16, 3, 16, 16).astype("f")
-                fake = gen(z)
-                y_fake, y_real = dis(fake), dis(real)
-                loss_dis = F.sum(F.softplus(-y_real)) / 16 + F.sum(F.softplus(y_fake)) / 16
-                loss_gen = F.sum(F.softplus(-y_fake)) / 16
-                dis.cleargrads()
-                loss_dis.backward()
-                opt_dis.update()                 # the first update, before the next pass
-                gen.cleargrads()
-                loss_gen.backward()
-                opt_gen.update()
-                fake.unchain_backward()
+            _gan_iterations(gen, dis, opt_gen, opt_dis, rs)
     except BudgetTooSmallError as refusal:
         error = refusal
     return before, state(), error, runtime
@@ -151,12 +157,12 @@ def _same_state(a: list, b: list) -> bool:
                 (a[2][k] is None or a[2][k].tobytes() == b[2][k].tobytes()) for k in a[2])
 
 
-def test_a_pass_after_the_first_update_is_checked_at_the_first_iterations_end():
+def test_a_pass_after_the_first_update_is_checked_at_the_next_update():
     """A GAN's generator pass runs after the discriminator's update: the checks before that
     update cannot see it (a user trial: accepted at 2.72 MiB, the first iteration then held
-    2.54 MiB and later ones 3.45 MiB with nothing recorded). The first iteration's end checks
-    again on all it measured and, refusing, puts back the parameters, gradients and both
-    optimizers' step counts and state (Adam's moments, the momentum)."""
+    2.54 MiB and later ones 3.45 MiB with nothing recorded). The generator's update checks
+    again on all the iteration measured and, refusing, puts back the parameters, gradients
+    and both optimizers' step counts and state (Adam's moments, the momentum)."""
     _, plain, _, _ = _gan(None)
     _, _, roomy, refused = _gan(dict(profile_iters=2, budget=1000))
     assert roomy is not None
@@ -186,19 +192,7 @@ def _gan_minimums(clear_first: bool) -> tuple[int, int]:
     rs = np.random.RandomState(1)
     with PoocH([gen, dis], device=CpuDevice(), verbose=False, profile_iters=3,
                policy=None) as pooch:
-        for _ in range(3):
-            z, real = rs.randn(16, 32).astype("f"), rs.randn(16, 3, 16, 16).astype("f")
-            fake = gen(z)
-            y_fake, y_real = dis(fake), dis(real)
-            loss_dis = F.sum(F.softplus(-y_real)) / 16 + F.sum(F.softplus(y_fake)) / 16
-            loss_gen = F.sum(F.softplus(-y_fake)) / 16
-            dis.cleargrads()
-            loss_dis.backward()
-            opt_dis.update()
-            gen.cleargrads()
-            loss_gen.backward()
-            opt_gen.update()
-            fake.unchain_backward()
+        _gan_iterations(gen, dis, opt_gen, opt_dis, rs)
     return minimum_budget(pooch.checked_profile), minimum_budget(pooch.profile)
 
 
