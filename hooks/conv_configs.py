@@ -88,7 +88,7 @@ def with_gradient(call: ConvCall, gy: Any) -> ConvCall:
     return dataclasses.replace(call, gy=split_exact.layout(gy))
 
 
-# (part, call, device kind) -> that part's configurations. The forward part is keyed by the
+# (part, call, (device kind, counts)) -> that part's configurations. The forward part is keyed by the
 # call without its gradient's layout, which only the backward part reads: a first iteration
 # measures the forward before its backward has a gradient, and the backward once it has one
 _MEASURED: dict[tuple, list[Config]] = {}
@@ -98,13 +98,16 @@ PARTS = ("forward", "backward")
 def measured_configs(call: ConvCall, device: Any, parts: tuple[str, ...] = PARTS
                      ) -> tuple[list[Config], list[Config]]:
     """``measure`` on ``device`` (a RuntimeDevice: its array module, and its allocation
-    counter where it has one), each part once per call and device kind; a part left out of
-    ``parts`` comes back empty (not measured)."""
-    keys = {"forward": ("forward", dataclasses.replace(call, gy=None), device.kind),
-            "backward": ("backward", call, device.kind)}
+    counter where it has one), each part once per call, device kind and way of counting; a
+    part left out of ``parts`` comes back empty (not measured)."""
+    # a device that cannot count (the CPU device without its allocator) measures nothing:
+    # its empty answer must not stand for a device of the same kind that can
+    counter = getattr(device, "counter", None)
+    how = (device.kind, counter is not None)
+    keys = {"forward": ("forward", dataclasses.replace(call, gy=None), how),
+            "backward": ("backward", call, how)}
     missing = tuple(part for part in parts if keys[part] not in _MEASURED)
     if missing:
-        counter = getattr(device, "counter", None)
         with counter.apart() if counter is not None else nullcontext():
             found = measure(call, device.xp, counter, parts=missing)
         for part, configs in zip(PARTS, found):

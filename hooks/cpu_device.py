@@ -364,6 +364,7 @@ class CpuDevice:
         transfer.events["in_done"].wait()
 
     def discard(self, transfer: Transfer) -> None:
+        transfer.source = None      # a copy under way holds its own reference until it lands
         if transfer.host is not None:
             events = transfer.events
             guard = events.get("in_done", events.get("out_done"))

@@ -322,6 +322,9 @@ class CupyDevice:
         self.cupy.cuda.get_current_stream().wait_event(transfer.events["in_done"])
 
     def discard(self, transfer: Transfer) -> None:
+        # the device array may go now: a copy still reading it only fills a host buffer that
+        # is given back guarded by that copy's event, and nothing reads that copy
+        transfer.source = None
         if transfer.host is not None:
             guard = transfer.events.get("in_done", transfer.events.get("out_done"))
             self.pinned.give(transfer.host, guard)

@@ -195,6 +195,8 @@ class MapActions:
         array = self.array_of(tensor)
         if array is None:
             raise ExecutorError(f"swap_out of tensor {tensor}: no reference holds its array")
+        if slot.transfer is not None and slot.transfer.source is array:
+            return      # this very array's copy is under way (a schedule that then deviated)
         if slot.transfer is not None:
             executor.device.discard(slot.transfer)
         slot.transfer = executor.device.swap_out(array, executor.timed_transfers)

@@ -72,7 +72,8 @@ class RuntimeDevice(Protocol):
         """Make compute wait for the swap-in."""
 
     def discard(self, transfer: Transfer) -> None:
-        """Give the transfer's host buffer back."""
+        """Give the transfer's host buffer back and let go of the device array it kept (the
+        host copy will not be read)."""
 
     def transfer_seconds(self, transfer: Transfer) -> tuple[float | None, float | None]:
         """How long the swap-out and swap-in took (None: not timed or not run)."""

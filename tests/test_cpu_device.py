@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 
 import numpy as np
 import pytest
@@ -51,6 +52,22 @@ def test_a_swap_in_copies_after_the_swap_out_of_the_same_map():
     back = device.swap_in(transfer)                        # queued on the other engine
     device.wait_swap_in(transfer)
     assert np.array_equal(back, source)
+    device.restore()
+
+
+def test_a_discarded_swap_out_lets_go_of_the_device_array_once_its_copy_lands():
+    """A copy given up while under way (its map swapped again, the iteration over) must not
+    keep the device array past the copy: that memory is the budget's."""
+    device = CpuDevice(copy_delay_s=0.05)
+    source = np.ones(1000, np.float32)
+    alive = weakref.ref(source)
+    transfer = device.swap_out(source)
+    device.discard(transfer)
+    del source
+    assert transfer.source is None
+    assert alive() is not None                             # the copy still reads it
+    device.synchronize()
+    assert alive() is None
     device.restore()
 
 

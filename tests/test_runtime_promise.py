@@ -18,6 +18,7 @@ import chainer.functions as F
 import chainer.links as L
 
 from pooch_ext.errors import BudgetTooSmallError, PoochError
+from pooch_ext.hooks.cpu_device import CpuDevice
 from pooch_ext.hooks.model_state import grad_of
 from pooch_ext.testing import BranchyNet, make_optimizer, model_state, states_equal
 from pooch_ext.pooch import PoocH
@@ -528,6 +529,32 @@ def test_10_a_branch_taken_on_some_iterations_gets_its_own_plan():
     assert identical(plain, under)
     assert sum("plan for" in m for m in under.pooch.messages) == 2
     assert list(under.pooch.iterations.program[-3:]) != ["on-demand"] * 3
+
+
+def test_10_a_graph_left_while_its_swap_outs_are_copying_holds_no_more_than_its_plan():
+    """Caught by CI under load: an iteration whose graph leaves the plan (the branch) while
+    the plan's swap-outs are still copying swapped those maps again on demand, and the first
+    copies kept their device arrays to the iteration's end (104724 bytes held over a budget
+    of 102388). Copies held back 5 ms each make that race certain here (both devices made
+    before the loop's data, so both count it)."""
+    import promise_situations as ps
+    situation = ps.BY_NAME["branch_some_iters"]
+    profiles = {}
+
+    def watch(pooch):
+        for profile in (pooch.checked_profile, pooch.profile):
+            profiles.setdefault(id(profile), profile)
+    ps.execute(situation, {"profile_iters": 1, "policy": None, "verbose": False,
+                           "device": CpuDevice(copy_delay_s=0.005)}, watch=watch)
+    budget = max(p.incore_peak_bytes for p in profiles.values() if p is not None)
+    slow = ps.execute(situation, {"profile_iters": 3, "policy": "swap-all", "verbose": False,
+                                  "budget": budget, "device": CpuDevice(copy_delay_s=0.005)})
+    assert slow.error is None, slow.describe_error()
+    runs = slow.pooch.iterations
+    assert (runs.deviation != "").sum() == 2 and runs.swap_outs.iloc[-1] > 0
+    assert slow.pooch.overruns == [] and runs.peak_bytes.max() <= budget
+    plain = ps.execute(situation)
+    assert ps.same_values(slow.values, plain.values) and states_equal(slow.state, plain.state)
 
 
 # ---------------------------------------------------------------- 13: static graph

@@ -175,6 +175,28 @@ def test_measuring_configurations_leaves_no_exactness_check_for_the_run(monkeypa
     assert split_exact._EXACT == checked
 
 
+def test_a_device_that_cannot_count_does_not_answer_for_one_that_can(monkeypatch):
+    """Found by CI's test order: a CPU device without its allocator (``measure=False``)
+    measured a convolution first, and its empty answer, remembered per device kind, took
+    every configuration from the counting device that profiled the same call later (the
+    loop's minimum then came out at its in-core need)."""
+    from pooch_ext.hooks import conv_configs
+
+    monkeypatch.setattr(conv_configs, "_MEASURED", {})
+    x = np.random.RandomState(0).standard_normal((4, 3, 8, 8)).astype(np.float32)
+    W = np.random.RandomState(1).standard_normal((8, 3, 3, 3)).astype(np.float32)
+    call = conv_configs.conv_call(F.connection.convolution_2d.Convolution2DFunction(1, 1),
+                                  (x, W))
+    answers = []
+    for device in (CpuDevice(measure=False), CpuDevice()):
+        try:
+            answers.append(conv_configs.measured_configs(call, device, parts=("forward",)))
+        finally:
+            device.restore()
+    assert answers[0] == ([], [])
+    assert answers[1][0], "the counting device offers no configuration"
+
+
 def test_the_backward_is_measured_on_the_gradient_layout_it_really_gets(monkeypatch):
     """A gradient laid out otherwise than the C-contiguous probe made the executor check its
     split inside a budgeted backward op (3 MB of probes over the demo's budget): the profiler
