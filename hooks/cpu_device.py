@@ -60,26 +60,39 @@ class CopyEngine:
         self._thread.start()
 
     def submit(self, destination: np.ndarray, source: np.ndarray, nbytes: int,
-               after: threading.Event | None = None) -> tuple[threading.Event, list]:
-        """Queue ``destination[...] = source``; returns (landed event, [seconds once landed])."""
+               after: threading.Event | None = None) -> tuple[threading.Event, list, list]:
+        """Queue ``destination[...] = source``; returns (landed event, [seconds once landed],
+        the job, for ``forget``)."""
         done, took = threading.Event(), []
-        self._queue.put((destination, source, nbytes, after, done, took))
-        return done, took
+        job = [destination, source]
+        self._queue.put((job, nbytes, after, done, took))
+        return done, took, job
+
+    @staticmethod
+    def forget(job: list) -> None:
+        """Nobody will read this copy's result: let go of its arrays now (a copy already
+        under way keeps them until it ends). It still takes its time on the engine, as a
+        queued GPU copy does, whose source memory the pool may hand out again meanwhile."""
+        job[:] = [None, None]
 
     def _work(self) -> None:
         while True:
-            job = self._queue.get()
-            if job is None:
+            item = self._queue.get()
+            if item is None:
                 self._queue.task_done()
                 return
-            destination, source, nbytes, after, done, took = job
-            del job
+            job, nbytes, after, done, took = item
+            del item
             if after is not None:
                 after.wait()
             start = time.perf_counter()
             if self.delay_s:
                 time.sleep(self.delay_s)
-            np.copyto(destination, source, casting="no")
+            destination, source = job
+            self.forget(job)          # from here on only this copy holds them
+            del job
+            if source is not None:
+                np.copyto(destination, source, casting="no")
             del destination, source
             remaining = self.seconds(nbytes) - (time.perf_counter() - start)
             if remaining > 0:
@@ -334,8 +347,9 @@ class CpuDevice:
         transfer = Transfer(nbytes, tuple(array.shape), array.dtype, _layout(array), host,
                             source=array, strides=tuple(array.strides))
         transfer.events["buffer"] = buffer
-        done, took = self.d2h.submit(host, array, nbytes)
+        done, took, job = self.d2h.submit(host, array, nbytes)
         transfer.events["out_done"], transfer.events["out_took"] = done, took
+        transfer.events["out_job"] = job
         return transfer
 
     def finish_swap_out(self, transfer: Transfer) -> None:
@@ -349,8 +363,8 @@ class CpuDevice:
         array = np.empty_like(transfer.host, order="K")
         if self.poison and array.dtype.kind == "f":
             array.fill(np.nan)
-        done, took = self.h2d.submit(array, transfer.host, transfer.nbytes,
-                                     after=transfer.events["out_done"])
+        done, took, _ = self.h2d.submit(array, transfer.host, transfer.nbytes,
+                                        after=transfer.events["out_done"])
         transfer.events["in_done"], transfer.events["in_took"] = done, took
         return array
 
@@ -364,7 +378,9 @@ class CpuDevice:
         transfer.events["in_done"].wait()
 
     def discard(self, transfer: Transfer) -> None:
-        transfer.source = None      # a copy under way holds its own reference until it lands
+        transfer.source = None
+        if "out_job" in transfer.events:
+            self.d2h.forget(transfer.events.pop("out_job"))
         if transfer.host is not None:
             events = transfer.events
             guard = events.get("in_done", events.get("out_done"))

@@ -229,6 +229,23 @@ def test_2_a_forward_pass_without_backward_is_not_part_of_an_iteration(where, ev
     assert (runs.peak_bytes <= budget).all()
 
 
+def test_2_a_forward_only_pass_whose_swap_outs_are_still_copying_holds_nothing_after():
+    """Found with random copy delays (CI load): the profiling plan swapped the evaluation
+    pass's maps out as if it were training; the next pass found it forward-only and gave
+    those copies up, but the copies still queued kept their device arrays until the engine
+    got to them (51536 bytes held over a 46360 budget). Copies held back 5 ms each."""
+    data, evaluation = batches(7), batches(7, batch=4, seed=11)
+    loop = _with_evaluation(data, evaluation, "before")
+    probe = run(branchy(), standard_loop(data[:3]), {"profile_iters": 2, "policy": None})
+    budget = budget_between(probe.pooch.profile, 0.3)
+    plain, under = compare(branchy(), loop, profile_iters=2, budget=budget, policy="pooch",
+                           device=tracked_device(copy_delay_s=0.005))
+    assert identical(plain, under) and moved(under) > 0
+    runs = under.pooch.iterations
+    assert runs.swap_outs.iloc[1] > 0 and under.pooch.overruns == []
+    assert (runs.peak_bytes <= budget).all()
+
+
 # ---------------------------------------------------------------- 3: double backprop
 
 def _gradient_penalty(data: list, how: str) -> Callable:
