@@ -28,6 +28,7 @@ _PUBLIC = {
     "BudgetTooSmallError": "pooch_ext.errors",
     "HostBudgetTooSmallError": "pooch_ext.errors",
     "PolicyDoesNotFitError": "pooch_ext.errors",
+    "PolicyError": "pooch_ext.errors",
     "UnsupportedLoopError": "pooch_ext.errors",
     "RanksDisagreeError": "pooch_ext.errors",
     "DeviceOutOfMemoryError": "pooch_ext.errors",

@@ -1,6 +1,7 @@
 """Exceptions users can catch; the CLI prints their message as a one-line error."""
 from __future__ import annotations
 
+import numbers
 from typing import Any, Iterable
 
 from pooch_ext.units import format_bytes
@@ -26,6 +27,14 @@ def check_name(name: object, known: Iterable[str], what: str) -> None:
     known = list(known)
     if name not in known:
         raise UnknownNameError(f"unknown {what} {name!r}; known: {', '.join(known)}")
+
+
+def check_count(name: str, value: object) -> int:
+    """``value`` as a whole number >= 1, else ValueError naming ``name`` (a bool, a fraction or
+    a string is refused, not rounded)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
+    return int(value)
 
 
 class BudgetTooSmallError(PoochError):
@@ -85,6 +94,12 @@ class PolicyDoesNotFitError(BudgetTooSmallError):
         self.args = (f"policy {plan.policy} cannot fit the budget {format_bytes(budget)}: "
                      f"{plan.reason}; its plan needs {format_bytes(need)} ({need} bytes), the "
                      f"smallest budget any plan reaches is {format_bytes(floor)}",)
+
+
+class PolicyError(PoochError, TypeError):
+    """A policy given as a function returned something other than a Plan (PoocH calls it on
+    the first iteration's profile before any update, so this comes out with the models as
+    they were)."""
 
 
 class DeviceOutOfMemoryError(PoochError, MemoryError):

@@ -4,33 +4,34 @@
         trainer.run()              # or any loop: loss.backward(); optimizer.update()
     pooch.plan.counts              # {'keep': ..., 'swap': ..., 'recompute': ...}
 
-Iterations are found without the user's help (hooks/graph.py says how). Each graph PoocH
-meets (by its signature: ops, shapes, wiring) gets ``profile_iters`` real training iterations,
-exactly as plain Chainer runs them, with every feature map swapped (paper 4.2): the first
-one on demand (nothing is known yet), the others by the swap-all schedule, so a network
-larger than the device can be profiled. Then the policy classifies on the measured profile, a
-log line says what was decided, and the graph's iterations replay the plan's schedule. Plans
-are kept per graph (``MAX_PLANS``), so a graph that comes back reuses its plan.
+Iterations are found without the user's help (hooks/graph.py says how). Each graph PoocH meets
+(by its signature: ops, shapes, wiring) gets ``profile_iters`` real training iterations, exactly
+as plain Chainer runs them, with every feature map swapped (paper 4.2): the first one on demand
+(nothing is known yet), the others by the swap-all schedule, so a network larger than the device
+can be profiled. Then the policy classifies on the measured profile, a log line says what was
+decided, and the graph's iterations replay the plan's schedule. Plans are kept per graph
+(``MAX_PLANS``), so a graph that comes back reuses its plan.
 
 The budget (None: the device's capacity) applies from the second profiled iteration on: the
-first one runs before anything is known, swapping on demand, and tells the smallest budget
-any plan can reach, counting what later iterations hold more (hooks/later_iterations.py:
-gradients a loop clears after its forward, the last iteration's tail). The check comes at
-the end of that first backward pass (again at each update of that iteration if more passes
-ran: ``chainer.grad``, then ``backward``; a GAN's generator pass after the discriminator's
-update): a budget below the minimum, or one the chosen policy cannot meet, raises
-BudgetTooSmallError (with the minimum) out of ``loss.backward()`` (``optimizer.update()``),
-and every link's parameters, gradients and persistent state (BatchNormalization statistics)
-and every optimizer that updated are put back as they were: nothing changes. A loop PoocH cannot run
-exactly (double backprop, a static graph) is refused at the first optimizer update
-(``UnsupportedLoopError``). An overrun before the first update (gradients accumulated over
-iterations) has it check again on what that iteration measured. After the first update
-nothing is refused: a policy that cannot plan leaves the swap-all plan running (or none).
+first one runs before anything is known, swapping on demand, and tells the smallest budget any
+plan can reach, counting what later iterations hold more (hooks/later_iterations.py: gradients a
+loop clears after its forward, the last iteration's tail). The check comes at the end of that
+first backward pass (again at each update of that iteration if more passes ran:
+``chainer.grad``, then ``backward``; a GAN's generator pass after the discriminator's update): a
+budget below the minimum, or one the chosen policy cannot meet, raises BudgetTooSmallError (with
+the minimum) out of ``loss.backward()`` (``optimizer.update()``), and every link's parameters,
+gradients and persistent state (BatchNormalization statistics) and every optimizer that updated
+are put back as they were: nothing changes. A loop PoocH cannot run exactly (double backprop, a
+static graph) is refused at the first optimizer update (``UnsupportedLoopError``). An overrun
+before the first update (gradients accumulated over iterations) has it check again on what that
+iteration measured. After the first update nothing is refused: a policy that cannot plan leaves
+the swap-all plan running (or none).
 
 With ``comm`` (ChainerMN) rank 0 decides from all ranks' profiles (pooch_ext/distributed.py).
-``encodings="lossless"``: maps stored encoded, ReLUs in place (Gist); "lossy(-fp8)": fp16
-(fp8) too. Variables the user's code holds keep their arrays (only the graph's references
-are dropped); the profile measures how long they are held and plans count them kept.
+``encodings="lossless"``: maps stored encoded, ReLUs in place (Gist); "lossy(-fp8)": fp16 (fp8)
+too. Variables the user's code holds keep their arrays (only the graph's references are
+dropped); the profile measures how long they are held and plans count them kept. ``policy=None``
+profiles only: ``pooch.profile``, no plan, the swap-all program goes on.
 """
 from __future__ import annotations
 
@@ -47,7 +48,7 @@ import chainer
 
 from pooch_ext.distributed import AllreduceMeter, Ranks
 from pooch_ext.errors import (BudgetTooSmallError, PoochError, UnsupportedLoopError,
-                              PolicyDoesNotFitError)  # noqa: F401  (importable where raised)
+                              PolicyDoesNotFitError, check_count)  # noqa: F401  (importable where raised)
 from pooch_ext.hooks.chainer_refs import check_chainer
 from pooch_ext.hooks.device import UNLIMITED, device_for
 from pooch_ext.hooks.model_state import ModelSnapshot
@@ -86,13 +87,11 @@ class PoocH(PoochResults):
                  split_convolutions: bool = True, comm: Any = None,
                  encodings: str | None = None) -> None:
         check_chainer()        # a Chainer the runtime was not tested with is refused here
-        if int(profile_iters) < 1:
-            raise ValueError(f"profile_iters must be >= 1, got {profile_iters}")
         if isinstance(policy, str):
             get_policy(policy)                     # unknown names fail here, listing the known
         self.models = Models(model)
         self.model = model
-        self.profile_iters = int(profile_iters)
+        self.profile_iters = check_count("profile_iters", profile_iters)
         self.budget_request = None if budget is None else parse_bytes(budget)
         self.host_budget = resolve_host_budget(host_budget)   # math.inf: unlimited
         self.link = link if isinstance(link, Link) or link == "auto" else get_link(link)
@@ -375,6 +374,7 @@ class PoocH(PoochResults):
             graph.profile = self.profile = profile
             graph.program = graph.provisional or self._swap_all_program(profile, trace)
             self._apply_budget()
+            self._say("policy None: profiled, no plan; the swap-all program the profiling ran goes on")
             return
         try:
             _, (profile, plan) = self._agreed(profile, self._classify_encoded)

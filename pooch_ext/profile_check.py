@@ -17,8 +17,8 @@ import numpy as np
 import pandas as pd
 
 from pooch_ext.errors import ProfileError
+from pooch_ext.units import MAX_BYTES
 
-MAX_BYTES = 1 << 53      # one cell: far beyond any device, and exact as a float
 MAX_TOTAL = 1 << 62      # all allocations together: int64 sums stay exact
 # the contract's vocabularies (profile.py re-exports them)
 PHASES = ("forward", "backward", "update")

@@ -4,6 +4,8 @@ from __future__ import annotations
 import math
 import re
 
+MAX_BYTES = 1 << 53      # any byte count: far beyond any device, and exact as a float
+
 _UNITS = {
     "": 1, "b": 1,
     "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,
@@ -29,6 +31,8 @@ def parse_bytes(text: str | int | float, allow_zero: bool = False) -> int:
     if not math.isfinite(scaled):
         raise ValueError(f"byte size must be a finite number: {text!r}")
     result = int(round(scaled))
+    if result > MAX_BYTES:
+        raise ValueError(f"byte size must be at most {MAX_BYTES} (8 PiB): {text!r}")
     if result < 0 or (result == 0 and not allow_zero):
         raise ValueError(f"byte size must be {'>= 0' if allow_zero else 'positive'}: {text!r}")
     return result

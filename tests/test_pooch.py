@@ -13,7 +13,7 @@ import chainer.links as L
 from chainer import training
 from chainer.training import extensions
 
-from pooch_ext.errors import BudgetTooSmallError, UnknownNameError
+from pooch_ext.errors import BudgetTooSmallError, PolicyError, UnknownNameError
 from pooch_ext.testing import (BranchyNet, make_optimizer, model_state, states_equal,
                                       synthetic_batches, train)
 from pooch_ext.plan import Plan
@@ -189,6 +189,27 @@ def test_bad_arguments_are_refused_up_front():
         PoocH(model, link="pcie9", policy="swap-all")
     with pytest.raises(ValueError, match="byte size"):
         PoocH(model, budget="lots", policy="swap-all")
+    # found by a user: these were taken (rounded, or failing later under another name)
+    for count in (1.5, "3", True):
+        with pytest.raises(ValueError, match="profile_iters must be a whole number"):
+            PoocH(model, profile_iters=count)
+    with pytest.raises(ValueError, match="byte size must be at most"):
+        PoocH(model, budget=10**30)
+    assert PoocH(model, profile_iters=np.int64(2)).profile_iters == 2
+
+
+def test_a_users_policy_that_returns_no_plan_is_refused_before_any_update():
+    result, state = _loop(4, {"profile_iters": 2, "policy": lambda profile, budget, link: 42,
+                              "verbose": False})
+    assert isinstance(result.error, PolicyError) and "returned int 42" in str(result.error)
+    assert result.losses == [] and states_equal(state, _loop(0)[1])
+
+
+def test_policy_none_profiles_and_says_so():
+    result, _ = _loop(3, {"profile_iters": 2, "policy": None, "verbose": False})
+    pooch = result.pooch
+    assert pooch.plan is None and pooch.profile is not None
+    assert any("policy None: profiled, no plan" in m for m in pooch.messages)
 
 
 def test_a_users_policy_may_return_classes_only_pooch_simulates_them():

@@ -61,13 +61,17 @@ def fitting_plan(profile: Profile, policy: str | Callable, budget: int,
     given ``host_budget=`` when one is set) that fits ``budget``, else PolicyDoesNotFitError
     with the smallest budget any plan reaches. A policy that returns classes only is
     simulated here."""
-    from pooch_ext.errors import PolicyDoesNotFitError
+    from pooch_ext.errors import PolicyDoesNotFitError, PolicyError
+    from pooch_ext.plan import Plan
     from pooch_ext.sim.budgets import minimum_budget
     from pooch_ext.sim.engine import simulate_plan
 
     run = get_policy(policy).classify if isinstance(policy, str) else policy
     host = {} if math.isinf(host_budget) else {"host_budget": host_budget}
     plan = run(profile, budget, None, **host)
+    if not isinstance(plan, Plan):
+        raise PolicyError(f"policy {getattr(policy, '__name__', policy)!r} returned "
+                          f"{type(plan).__name__} {plan!r:.60}, not a pooch_ext.Plan")
     if plan.feasible is None:
         plan = simulate_plan(profile, plan, None, budget,
                              None if math.isinf(host_budget) else int(host_budget))
