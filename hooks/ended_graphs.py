@@ -6,24 +6,30 @@ from __future__ import annotations
 from typing import Any
 
 from pooch_ext.errors import SpentGraphError
-from pooch_ext.hooks.chainer_refs import set_node_array
-from pooch_ext.hooks.function_nodes import SPENT, misses_saved, node_state, orphan_inputs
+from pooch_ext.hooks.chainer_refs import retained_outputs, set_node_array, set_retained_outputs
+from pooch_ext.hooks.function_nodes import (SPENT, misses_saved, node_state, orphan_inputs,
+                                             orphan_outputs)
 
 
 def let_go(functions: list, ran: set[int]) -> None:
     """The nodes (weak references, by forward op) whose backward ran (``ran``) drop what
     they kept for it (pooling argmax, BatchNormalization statistics, inputs no Variable
-    holds: the last batch), so the next forward holds none of it (measured: 1.57 MB of
-    argmax on a three-convolution net at batch 32, 15% of its smallest budget; a user's CNN
-    kept its last 192 KiB batch, and a budget at the first check's minimum was overrun)."""
+    holds: the last batch; outputs no Variable holds, which a later backward pass had
+    back), so the next forward holds none of it (measured: 1.57 MB of argmax on a
+    three-convolution net at batch 32, 15% of its smallest budget; a user's CNN kept its
+    last 192 KiB batch, and a budget at the first check's minimum was overrun; a user's
+    small GAN kept 197 KB of generator maps into the next forward)."""
     for k, ref in enumerate(functions):
         node = ref() if k in ran else None
         if node is not None:
             for name, _ in node_state(node, set()):
                 setattr(node, name, None)
                 setattr(node, SPENT, True)
-            for variable_node in orphan_inputs(node):
+            for variable_node in orphan_inputs(node) + orphan_outputs(node):
                 set_node_array(variable_node, None)
+            kept = retained_outputs(node)
+            if kept is not None and any(array is not None for array in kept):
+                set_retained_outputs(node, tuple(None for _ in kept))
 
 
 def refuse_stale_backward(function: Any) -> None:

@@ -55,6 +55,18 @@ def orphan_inputs(function: Any) -> list[Any]:
             if node.get_variable_or_none() is None and node_array(node) is not None]
 
 
+def orphan_outputs(function: Any) -> list[Any]:
+    """The VariableNodes of the outputs ``function`` retained for its backward that hold an
+    array no Variable does any more (a map a later backward pass had back): as
+    ``orphan_inputs``."""
+    from pooch_ext.hooks.chainer_refs import node_array, retained_indexes
+
+    _, outputs = retained_indexes(function)
+    nodes = [function.outputs[i]() for i in outputs]
+    return [node for node in nodes if node is not None
+            and node.get_variable_or_none() is None and node_array(node) is not None]
+
+
 def misses_saved(function: Any) -> bool:
     """Whether the node lacks an array its backward reads: a retained input or output PoocH
     freed after that backward ran, or what it kept besides (``SPENT``). Chainer never drops

@@ -12,6 +12,7 @@ and at 8.6 MiB in every iteration, the plan never made).
 from __future__ import annotations
 
 import contextlib
+import weakref
 
 import numpy as np
 import pytest
@@ -124,6 +125,45 @@ def _gan_iterations(gen, dis, opt_gen, opt_dis, rs, iterations: int = 3) -> None
         loss_gen.backward()
         opt_gen.update()
         fake.unchain_backward()
+
+
+def test_maps_a_later_pass_had_back_go_when_the_next_iteration_begins(monkeypatch):
+    """A GAN loop that keeps the last fake batch keeps its graph into the next iteration:
+    the generator's maps the second pass had back (swapped in on demand) stayed in their
+    nodes until then (a user's small GAN: 328 KB through the next forward, which the first
+    iteration's check did not count). Once the next iteration's first op ran they are gone,
+    though the old graph is still held."""
+    restored: list = []
+    swap_in = CpuDevice.swap_in
+
+    def watched(self, transfer, timed=False):
+        array = swap_in(self, transfer, timed)
+        restored.append(weakref.ref(array))
+        return array
+    monkeypatch.setattr(CpuDevice, "swap_in", watched)
+    np.random.seed(0)
+    gen, dis = _Generator(), _Discriminator()
+    opt_gen, opt_dis = chainer.optimizers.Adam(1e-3), chainer.optimizers.MomentumSGD(0.01)
+    opt_gen.setup(gen)
+    opt_dis.setup(dis)
+    rs = np.random.RandomState(1)
+    with PoocH([gen, dis], device=CpuDevice(), verbose=False, profile_iters=1):
+        fake = None
+        for i in range(2):
+            kept, first = fake, len(restored)       # the user keeps the last fake batch
+            fake = gen(rs.randn(16, 32).astype("f"))
+            if i == 1:
+                assert kept is not None and first > 0
+                assert [r for r in restored[:first] if r() is not None] == []
+            y_fake, y_real = dis(fake), dis(rs.randn(16, 3, 16, 16).astype("f"))
+            loss_dis = F.sum(F.softplus(-y_real)) / 16 + F.sum(F.softplus(y_fake)) / 16
+            loss_gen = F.sum(F.softplus(-y_fake)) / 16
+            dis.cleargrads()
+            loss_dis.backward()
+            opt_dis.update()
+            gen.cleargrads()
+            loss_gen.backward()
+            opt_gen.update()
 
 
 def _gan(pooch: dict | None) -> tuple:
