@@ -27,6 +27,35 @@ def saved_profile(tmp_path_factory, profile, folder: str = "profiles"):
     return path
 
 
+def pytest_configure(config):
+    """``POOCH_TEST_COPY_DELAY_S`` (seconds): every copy of the CPU device held back that long;
+    ``POOCH_TEST_COPY_JITTER_S``: half the copies held back a random 0..that instead (a
+    loaded machine: CI's failure on 2026-11-26 came from copies slower than here). The
+    suite must pass either way (tests/test_cpu_device.py times copies: leave it out)."""
+    import os
+    import random
+
+    fixed = float(os.environ.get("POOCH_TEST_COPY_DELAY_S", 0) or 0)
+    jitter = float(os.environ.get("POOCH_TEST_COPY_JITTER_S", 0) or 0)
+    if not (fixed or jitter):
+        return
+    import time
+    from types import SimpleNamespace
+
+    from pooch_ext.hooks import cpu_device
+
+    rng = random.Random(0)
+    init = cpu_device.CopyEngine.__init__
+
+    def engine(self, name, seconds, delay_s=0.0):
+        init(self, name, seconds, delay_s + 1e-9)     # each copy then sleeps before it runs
+
+    def sleep(seconds):
+        time.sleep(seconds + fixed + (rng.random() * jitter if rng.random() < 0.5 else 0.0))
+    cpu_device.CopyEngine.__init__ = engine
+    cpu_device.time = SimpleNamespace(perf_counter=time.perf_counter, sleep=sleep)
+
+
 def cuda_available() -> bool:
     try:
         import cupy
