@@ -27,8 +27,9 @@ from pooch_ext.hooks.function_nodes import TAG
 from pooch_ext.hooks.graph import GraphRecorder
 from pooch_ext.hooks.inplace_relu import alone, as_chainer, write_over_input
 from pooch_ext.hooks.map_actions import MapActions
-from pooch_ext.hooks.model_state import base_of
+from pooch_ext.hooks.model_state import base_of, model_arrays
 from pooch_ext.hooks.ondemand import OnDemand
+from pooch_ext.hooks.views import compact
 from pooch_ext.hooks.program import Program
 from pooch_ext.hooks.split_conv import ConvSplit, split, whole_backward
 from pooch_ext.hooks.split_exact import KNOWN
@@ -355,6 +356,9 @@ class Executor(GraphRecorder):
             if program is not None and tag[1] in program.input_sources:
                 maps.inputs_held[tag[1]] = array
         del in_data     # the op's inputs are not ours to hold (memory counted below)
+        for t in dict.fromkeys(op.inputs[p] for p in op.retain_inputs):
+            compact(maps.node(t), lambda key: key in self._input_bases
+                    or key in model_arrays(self.model))
         for position, p in enumerate(op.retain_outputs):
             maps.retained_out[op.outputs[p]] = (index, position)
         for t in op.outputs:

@@ -91,6 +91,24 @@ class UnrolledLSTM(chainer.Chain):
         return self.fc(F.mean(F.stack(hs), axis=0))
 
 
+class NStepTagger(chainer.Chain):
+    """An NStepLSTM tagger over sequences of different lengths: NStepLSTM splits its carried
+    state as sequences end, and the nodes of each step retain a view of part of it
+    (hooks/views.py, experiments/diagnose_views.py)."""
+
+    def __init__(self, vocab: int = 60, units: int = 96) -> None:
+        super().__init__()
+        with self.init_scope():
+            self.embed = L.EmbedID(vocab, units)
+            self.lstm = L.NStepLSTM(1, units, units, 0.0)
+            self.out = L.Linear(units, vocab)
+
+    def forward(self, xs: list) -> chainer.Variable:
+        cut = np.cumsum([len(x) for x in xs[:-1]])
+        _, _, ys = self.lstm(None, None, F.split_axis(self.embed(F.concat(xs, 0)), cut, 0))
+        return F.softmax_cross_entropy(self.out(F.concat(ys, 0)), F.concat(xs, 0))
+
+
 def synthetic_batches(n: int, batch: int, shape: tuple[int, ...], n_classes: int,
                       seed: int = 1, xp: Any = np) -> list[tuple[Any, Any]]:
     """``n`` batches of uniform inputs and random labels, the same for the same seed."""

@@ -27,7 +27,7 @@ from pooch_ext.hooks.cpu_device import CpuDevice
 from pooch_ext.pooch import PoocH
 from pooch_ext.sim.budgets import minimum_budget
 from pooch_ext.loop_styles import LOOPS, batches, drops_loss, fresh, run
-from pooch_ext.testing import model_state, states_equal
+from pooch_ext.testing import NStepTagger, model_state, states_equal
 
 
 CASES = [(net, loop) for net in ("pool", "norm") for loop in sorted(LOOPS)] + \
@@ -164,6 +164,39 @@ def test_maps_a_later_pass_had_back_go_when_the_next_iteration_begins(monkeypatc
             gen.cleargrads()
             loss_gen.backward()
             opt_gen.update()
+
+
+@pytest.mark.slow
+def test_a_retained_view_of_part_of_a_larger_array_does_not_keep_all_of_it():
+    """NStepLSTM splits its carried state as sequences end and retains a view of the first
+    part, which kept the whole state alive: 218112 bytes no profile counted, and the planned
+    iterations of this tagger overran the minimum budget by 2.7%. Those nodes get dense
+    copies now: the planned iterations hold the budget, bit-identical to plain Chainer."""
+    rs = np.random.RandomState(3)
+    batch = [rs.randint(1, 60, rs.randint(3, 20)).astype("i") for _ in range(32)]
+
+    def train(pooch: dict | None) -> tuple:
+        np.random.seed(0)
+        model, optimizer = NStepTagger(), chainer.optimizers.Adam()
+        optimizer.setup(model)
+        with (PoocH(model, device=CpuDevice(), verbose=False, **pooch) if pooch is not None
+              else contextlib.nullcontext()) as runtime:
+            for _ in range(5):
+                loss = model(batch)
+                model.cleargrads()
+                loss.backward()
+                optimizer.update()
+        return model_state(model, optimizer), runtime
+    plain, _ = train(None)
+    with pytest.raises(BudgetTooSmallError) as refusal:
+        train(dict(budget=1000, profile_iters=2))
+    minimum = refusal.value.minimum_bytes
+    state, pooch = train(dict(budget=minimum, profile_iters=2))
+    assert states_equal(state, plain)
+    runs = pooch.iterations
+    planned = runs[runs.program == "pooch"]
+    assert len(planned) == 3 and (planned.peak_bytes <= minimum).all()
+    assert [o for o in pooch.overruns if runs.program.iloc[o["iteration"]] == "pooch"] == []
 
 
 def _gan(pooch: dict | None) -> tuple:
