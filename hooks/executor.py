@@ -42,6 +42,9 @@ if TYPE_CHECKING:
 SCHEDULED, ON_DEMAND, PASSIVE = "scheduled", "on demand", "passive"
 
 
+# where the device checks what ran after an iteration's last op (the update, the loop's code)
+AFTER_LAST_OP = "the step after the iteration's last op"
+
 @dataclass
 class IterationStats:
     """What the executor did in one iteration."""
@@ -432,7 +435,7 @@ class Executor(GraphRecorder):
 
     def on_iteration_end(self, trace: GraphTrace) -> None:
         # what ran after the last op (later backward passes, the update, the loop's own code)
-        self.device.check("the step after the iteration's last op")
+        self.device.check(AFTER_LAST_OP)
         self._drop_node_state(trace)
         if self.profiler is not None:
             self.profiler.iteration_ending()

@@ -266,7 +266,7 @@ class PoocH(PoochResults):
             self._told.add(("overrun", early))
             self._say(f"{message}: " + ("the first update checks the budget again on what "
                                         "this iteration measured" if early else
-                                        "the plan's prediction was short; training goes on "
+                                        f"{self.overrun_cause(message)}; training goes on "
                                         "(see PoocH.overruns)"))
 
     def _unsupported(self, reason: str) -> None:

@@ -52,6 +52,19 @@ class PoochResults:
                 f"{format_bytes(profile.incore_peak_bytes)}); classified in "
                 f"{plan.classify_seconds:.2g} s")
 
+    def overrun_cause(self, message: str) -> str:
+        """Why the device held more than the budget (``message``: the device's), for the log:
+        code no plan covers, a graph run without its plan, or a plan's prediction short."""
+        from pooch_ext.hooks.executor import AFTER_LAST_OP
+
+        runtime = self.runtime
+        if AFTER_LAST_OP in message:
+            return ("what ran after the iteration's last op has no plan (the update, or the "
+                    "loop's own code: an evaluation, the next batch)")
+        if runtime is None or runtime.program is None or runtime.deviation or runtime.passive:
+            return "this part of the iteration ran without a plan"
+        return "the plan's prediction was short"
+
     @property
     def iterations(self) -> pd.DataFrame:
         """Per iteration: phase, measured seconds, accounted peak, what the executor did."""
