@@ -127,7 +127,8 @@ def unmodelled_bytes(modelled: list[tuple]) -> dict[int, int]:
     return {op: nbytes for op, nbytes in excess.items() if nbytes > 0}
 
 
-def gap_floors(profile: Profile, modelled: list[tuple]) -> dict[int, int]:
+def gap_floors(profile: Profile, modelled: list[tuple], unrefusable: bool = False
+               ) -> dict[int, int]:
     """{0: the most bytes above the model's level at the first op that the device held before
     it began}: the last iteration's tail (its later backward passes, the update, the loop's
     own code), the least transient bytes a profile gives that op, whole or split: a split of
@@ -141,6 +142,12 @@ def gap_floors(profile: Profile, modelled: list[tuple]) -> dict[int, int]:
         gap = later_gaps(sample, carried).get(0)
         if gap is None or len(predicted) < 2:
             continue
+        if unrefusable:
+            # past the first iteration, beyond the budget it is no plan's (an evaluation at four times
+            # the batch after each update left a graph the first check had accepted
+            # unplanned, every op over): the plan runs the graph within the budget, the
+            # excess is recorded as it runs; before, the check refuses the budget
+            gap = min(gap, int(profile.device.capacity_bytes) - SLACK_BYTES)
         # the model's peak at the op less the op's own scratch as the sample ran it: what
         # the model holds there anyway (gradients held through forward, the op's output)
         pieces = _ran_configs(profile, sample).get(0, 1)
@@ -357,14 +364,16 @@ def _meta(meta: dict | None, samples: list[IterationSample], use: list[Iteration
 def build_profile(samples: list[IterationSample], device: Device, link: Link, resident: int,
                   meta: dict | None = None, measured_swaps: bool = True,
                   configs_of: Callable[[Any], tuple[list, list]] | None = None,
-                  after_backward: tuple[float, int] | None = None) -> Profile:
+                  after_backward: tuple[float, int] | None = None,
+                  unrefusable: bool = False) -> Profile:
     """The measured Profile of ``samples`` (all of one graph); the first is a warm-up when there
     are two or more. ``measured_swaps``: take swap times from the copies, else from ``link``.
     ``configs_of(call)``: a profiled convolution's split configurations as changes to its
     whole (hooks/conv_configs.measured_configs); None: no op gets any. ``after_backward``:
     (seconds, scratch bytes) of work every iteration runs right after its last backward op
     (data parallelism's gradient all-reduce), charged to that op: every plan then pays its
-    time, and its scratch at the memory level where backward ends."""
+    time, and its scratch at the memory level where backward ends. ``unrefusable``: past the
+    first iteration, where no budget can be refused any more (``gap_floors``)."""
     if not samples:
         raise ProfileError("no profiled iteration to build a profile from")
     use = samples[1:] if len(samples) > 1 else samples
@@ -402,7 +411,7 @@ def build_profile(samples: list[IterationSample], device: Device, link: Link, re
     profile = build()
     modelled = list(_modelled(profile, use))
     unmodelled.update(unmodelled_bytes(modelled))
-    floors.update(gap_floors(profile, modelled))
+    floors.update(gap_floors(profile, modelled, unrefusable))
     if unmodelled or floors:
         if unmodelled:
             info["unmodelled_bytes"] = [list(item) for item in sorted(unmodelled.items())]

@@ -241,8 +241,7 @@ class PoocH(PoochResults):
             self._refuse(refusal)
 
     def _remember_optimizer(self, optimizer: Any) -> None:
-        """An optimizer about to update in the first iteration: its state is snapshotted, so a
-        refusal at a later update of that iteration (after another backward pass) undoes it."""
+        """Snapshot an optimizer about to update in the first iteration (a refusal undoes it)."""
         with self.device.host_side():
             self._snapshot.add_optimizer(optimizer)
 
@@ -421,7 +420,8 @@ class PoocH(PoochResults):
     # ------------------------------------------------------------ profile and plan
     def _build_profile(self, samples: list) -> Profile:
         return runtime_profile(samples, self.link, self.device, self.models, self.budget_bytes,
-                               self.split_convolutions, self._allreduce)
+                               self.split_convolutions, self._allreduce,
+                               not self._in_refusal_window())
 
     def _agreed(self, profile: Profile, decide: Callable[[Profile], Any]) -> tuple[Profile, Any]:
         """(profile, decide(profile)); with data-parallel ranks, every rank's profile

@@ -14,10 +14,11 @@ from pooch_ext.profile import Device, Profile
 
 def runtime_profile(samples: list, link_setting: Link | str, device: Any, models: Any,
                     budget_bytes: int, split_convolutions: bool,
-                    allreduce: Any = None) -> Profile:
+                    allreduce: Any = None, unrefusable: bool = False) -> Profile:
     """``samples``: hooks/measured_profile.IterationSample of one graph (the last one's trace
     names it); ``link_setting``: PoocH's ``link`` ("auto": copy times as the copy engines
-    took them); ``allreduce``: the data-parallel meter, if any."""
+    took them); ``allreduce``: the data-parallel meter, if any; ``unrefusable``: past the first
+    iteration, where no refusal can come (hooks/measured_profile.gap_floors)."""
     trace = samples[-1].trace
     link = link_setting if isinstance(link_setting, Link) else None
     if link is None:
@@ -30,4 +31,5 @@ def runtime_profile(samples: list, link_setting: Link | str, device: Any, models
     return build_profile(samples, Device(device.name, int(budget_bytes), device.kind), link,
                          resident_bytes(models), meta, measured_swaps=link_setting == "auto",
                          configs_of=measure_splits,
-                         after_backward=allreduce.after_backward() if allreduce else None)
+                         after_backward=allreduce.after_backward() if allreduce else None,
+                         unrefusable=unrefusable)

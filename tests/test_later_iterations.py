@@ -199,33 +199,38 @@ def test_a_retained_view_of_part_of_a_larger_array_does_not_keep_all_of_it():
     assert [o for o in pooch.overruns if runs.program.iloc[o["iteration"]] == "pooch"] == []
 
 
-def test_an_overrun_where_no_plan_runs_is_not_blamed_on_a_plan():
+def test_an_evaluation_no_plan_can_hold_leaves_the_training_graph_planned():
     """A user's evaluation at four times the training batch, with backprop off, after each
-    update: the profile made after the first iteration counts it, no plan fits, and the
-    graph runs unplanned, over the budget (recorded; open: the training graph itself would
-    fit). The log said "the plan's prediction was short" where no plan ran."""
+    update, holds more than a budget at the minimum whatever the plan. The profile made
+    after the first iteration counted it before the first op, so no plan fit and the graph
+    ran unplanned, every training op over the budget too; and the log said "the plan's
+    prediction was short". Now the plan runs the training graph within the budget, only the
+    evaluation overruns (recorded, said to have no plan), bit-identical."""
     rs = np.random.RandomState(0)
     x, t = rs.rand(8, 3, 16, 16).astype("f"), rs.randint(0, 10, 8).astype("i")
     wide = rs.rand(32, 3, 16, 16).astype("f")
 
-    def train(budget: int) -> PoocH:
+    def train(budget: int | None) -> tuple:
         np.random.seed(0)
         model = L.Classifier(_EvalNet())
         optimizer = chainer.optimizers.SGD()
         optimizer.setup(model)
-        with PoocH(model, device=CpuDevice(), verbose=False, budget=budget,
-                   profile_iters=2) as runtime:
+        with (PoocH(model, device=CpuDevice(), verbose=False, budget=budget, profile_iters=2)
+              if budget else contextlib.nullcontext()) as runtime:
             for _ in range(4):
                 optimizer.update(model, x, t)
                 with chainer.using_config("train", False), chainer.no_backprop_mode():
                     model.predictor(wide)
-        return runtime
+        return model_state(model, optimizer), runtime
     with pytest.raises(BudgetTooSmallError) as refusal:
         train(1000)
-    pooch = train(refusal.value.minimum_bytes)
-    assert pooch.plan is None and pooch.overruns
+    state, pooch = train(refusal.value.minimum_bytes)
+    assert states_equal(state, train(None)[0])
+    assert pooch.plan is not None and list(pooch.iterations.program[2:]) == ["pooch"] * 2
+    assert pooch.overruns and all("after the iteration's last op" in o["message"]
+                                  for o in pooch.overruns)
     said = [m for m in pooch.messages if "out of memory" in m]
-    assert said and all("ran without a plan" in m or "has no plan" in m for m in said)
+    assert said and "has no plan" in said[0]
     assert not any("prediction was short" in m for m in pooch.messages)
 
 
