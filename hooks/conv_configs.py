@@ -88,8 +88,8 @@ def with_gradient(call: ConvCall, gy: Any) -> ConvCall:
     return dataclasses.replace(call, gy=split_exact.layout(gy))
 
 
-# (part, call, (device kind, counts)) -> that part's configurations. The forward part is keyed by the
-# call without its gradient's layout, which only the backward part reads: a first iteration
+# (part, call, (device kind, counts)) -> that part's configurations. The forward part is keyed
+# by the call without its gradient's layout, which only the backward part reads: a first iteration
 # measures the forward before its backward has a gradient, and the backward once it has one
 _MEASURED: dict[tuple, list[Config]] = {}
 PARTS = ("forward", "backward")

@@ -143,10 +143,10 @@ def gap_floors(profile: Profile, modelled: list[tuple], unrefusable: bool = Fals
         if gap is None or len(predicted) < 2:
             continue
         if unrefusable:
-            # past the first iteration, beyond the budget it is no plan's (an evaluation at four times
-            # the batch after each update left a graph the first check had accepted
-            # unplanned, every op over): the plan runs the graph within the budget, the
-            # excess is recorded as it runs; before, the check refuses the budget
+            # past the first iteration, beyond the budget it is no plan's (an evaluation at
+            # four times the batch after each update left a graph the first check had
+            # accepted unplanned, every op over): the plan runs the graph within the budget,
+            # the excess is recorded as it runs; before, the check refuses the budget
             gap = min(gap, int(profile.device.capacity_bytes) - SLACK_BYTES)
         # the model's peak at the op less the op's own scratch as the sample ran it: what
         # the model holds there anyway (gradients held through forward, the op's output)
