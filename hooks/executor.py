@@ -360,8 +360,8 @@ class Executor(GraphRecorder):
                 maps.inputs_held[tag[1]] = array
         del in_data     # the op's inputs are not ours to hold (memory counted below)
         for t in dict.fromkeys(op.inputs[p] for p in op.retain_inputs):
-            compact(maps.node(t), lambda key: key in self._input_bases
-                    or key in model_arrays(self.model))
+            compact(maps.node(t), lambda key: key in self._input_bases or (
+                self.model is not None and key in model_arrays(self.model)))
         for position, p in enumerate(op.retain_outputs):
             maps.retained_out[op.outputs[p]] = (index, position)
         for t in op.outputs:

@@ -47,22 +47,26 @@ def orphan_inputs(function: Any) -> list[Any]:
     """The VariableNodes of the inputs ``function`` retained for its backward that hold an
     array no Variable does any more (the batch a loop passed as an array, say): only the
     graph keeps those arrays alive. A parameter's node, whose Variable lives on, is left."""
-    from pooch_ext.hooks.chainer_refs import node_array, retained_indexes
+    from pooch_ext.hooks.chainer_refs import retained_indexes
 
     inputs, _ = retained_indexes(function)
-    nodes = [function.inputs[i] for i in inputs]
-    return [node for node in nodes
-            if node.get_variable_or_none() is None and node_array(node) is not None]
+    return _orphans(function.inputs[i] for i in inputs)
 
 
 def orphan_outputs(function: Any) -> list[Any]:
-    """The VariableNodes of the outputs ``function`` retained for its backward that hold an
-    array no Variable does any more (a map a later backward pass had back): as
-    ``orphan_inputs``."""
-    from pooch_ext.hooks.chainer_refs import node_array, retained_indexes
+    """As ``orphan_inputs``, of the outputs ``function`` retained (a map a later backward
+    pass had back)."""
+    from pooch_ext.hooks.chainer_refs import retained_indexes
 
     _, outputs = retained_indexes(function)
-    nodes = [function.outputs[i]() for i in outputs]
+    return _orphans(function.outputs[i]() for i in outputs)
+
+
+def _orphans(nodes: Any) -> list[Any]:
+    """Those of ``nodes`` (VariableNodes, None for one gone) holding an array no Variable
+    holds."""
+    from pooch_ext.hooks.chainer_refs import node_array
+
     return [node for node in nodes if node is not None
             and node.get_variable_or_none() is None and node_array(node) is not None]
 

@@ -154,13 +154,9 @@ class MapActions:
 
     def absent_bytes(self) -> int:
         """Bytes of the iteration's maps not on the device now (on the host, freed, encoded)."""
-        return sum(self.absent().values())
-
-    def absent(self) -> dict[int, int]:
-        """The iteration's maps not on the device now, with their bytes."""
         tensors = self.executor.trace.tensors
-        return {t: nbytes_of(tensors[t].shape, tensors[t].dtype) for t, slot in self.slots.items()
-                if slot.state in ("host", "freed", "encoded")}
+        return sum(nbytes_of(tensors[t].shape, tensors[t].dtype) for t, slot in self.slots.items()
+                   if slot.state in ("host", "freed", "encoded"))
 
     def slot(self, tensor: int) -> Slot:
         slot = self.slots.get(tensor)

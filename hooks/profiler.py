@@ -78,11 +78,14 @@ class Profiler:
         self._codec_s: dict[str, list[tuple[float, float]]] = {}
         self._codecs_timed = 0
         self._end: tuple[int, int, bool] | None = None   # IterationSample.end
-        # after the first pass: the most bytes a later pass could have held at once with the
-        # maps that were off the device (on demand) on it, as in a planned iteration, and
-        # the bytes off it as the stretch since the last revisited op began
-        self._tail_stretches: list[tuple[int, dict[int, int]]] = []
-        self._tail_host: dict[int, int] = {}
+        # after the first pass: the most bytes a later pass could have held at once with
+        # every map that was off the device (on demand) on it, as a plan may hold them, and
+        # the bytes off it as the stretch since the last revisited op began. An upper bound on
+        # the loops tried, kept for safety: counting only the maps a later pass reads asked
+        # Chainer's DCGAN example 6.01 MiB instead of 7.26 MiB (later iterations need 5.57 MB)
+        # but accepted a user's small GAN 1.4% below what its later iterations hold
+        self._tail_upper = 0
+        self._tail_host = 0
         # parameters holding a gradient as the first pass ended; those of them a later pass
         # of this iteration found cleared (IterationSample.stale_gradients)
         self._grads_after_first: set[int] | None = None
@@ -212,7 +215,7 @@ class Profiler:
             self._end = (len(trace.ops) + len(trace.backward_order),
                          executor.device.held(counter.live()), every_pass)
             if not every_pass:
-                self._tail_stretches, self._tail_host = [], executor.maps.absent()
+                self._tail_upper, self._tail_host = 0, executor.maps.absent_bytes()
         if not every_pass:
             self._grads_after_first = self.executor.gradients_held()
 
@@ -224,19 +227,9 @@ class Profiler:
         device = self.executor.device
         counter = getattr(device, "counter", None)
         if counter is not None and self._end is not None and self._timing is None:
-            self._tail_stretches.append((device.held(counter.window()), self._tail_host))
-            self._tail_host = self.executor.maps.absent()
-
-    def _later_pass_peak(self, tail: int) -> int:
-        """The most the later passes' stretches held, with every map that was off the device
-        at each stretch's start (the first iteration, on demand, had them swapped out; a plan
-        may hold them through). An upper bound on the loops tried, kept for safety: counting
-        only the maps a later pass reads asked Chainer's DCGAN example 6.01 MiB instead of
-        7.26 MiB (later iterations need 5.57 MB), but accepted a user's small GAN 1.4% below
-        what its later iterations hold (their discriminator pass holds more than the first
-        iteration's, not explained yet), an overrun; this rule refuses that budget."""
-        stretches = self._tail_stretches + [(tail, self._tail_host)]
-        return max(held + sum(absent.values()) for held, absent in stretches)
+            self._tail_upper = max(self._tail_upper,
+                                   device.held(counter.window()) + self._tail_host)
+            self._tail_host = self.executor.maps.absent_bytes()
 
     def iteration_ending(self) -> None:
         self._stop()
@@ -370,7 +363,7 @@ class Profiler:
                 # which a planned iteration that keeps them for those passes holds as well
                 tail = device.held(device.counter.window())
                 later_passes = self._end is not None and self._end[2]
-                sample.tail_peak = self._later_pass_peak(tail) \
+                sample.tail_peak = max(self._tail_upper, tail + self._tail_host) \
                     if later_passes else tail
         sample.schedule = self._ran_schedule()
         sample.nonzero = dict(self._nonzero)

@@ -28,8 +28,8 @@ def saved_profile(tmp_path_factory, profile, folder: str = "profiles"):
 
 
 def pytest_configure(config):
-    """``POOCH_TEST_COPY_DELAY_S`` (seconds): every copy of the CPU device held back that long;
-    ``POOCH_TEST_COPY_JITTER_S``: half the copies held back a random 0..that instead (a
+    """``POOCH_TEST_COPY_DELAY_S`` (seconds): every copy of the CPU device held back at
+    least that long; ``POOCH_TEST_COPY_JITTER_S``: half the copies a random 0..that more (a
     loaded machine: CI's failure on 2026-11-26 came from copies slower than here). The
     suite must pass either way (tests/test_cpu_device.py times copies: leave it out)."""
     import os

@@ -238,8 +238,9 @@ class Reference:
         return all(policy_fits(profile, policy, budget) for profile in self.profiles)
 
 
-def reference(situation: Situation, wrap: str | tuple | None = None) -> Reference:
-    """See ``Reference``."""
+def reference(situation: Situation, wrap: str | tuple | None = None,
+              device: Any = None) -> Reference:
+    """See ``Reference``; ``device``: the one PoocH runs on (None: its default)."""
     profiles: dict[int, Any] = {}
 
     def watch(pooch: Any) -> None:
@@ -247,8 +248,10 @@ def reference(situation: Situation, wrap: str | tuple | None = None) -> Referenc
             if profile is not None:
                 profiles.setdefault(id(profile), profile)
 
-    outcome = execute(situation, {"profile_iters": 1, "budget": None, "policy": None,
-                                  "verbose": False}, wrap=wrap, watch=watch)
+    settings = {"profile_iters": 1, "budget": None, "policy": None, "verbose": False}
+    if device is not None:
+        settings["device"] = device
+    outcome = execute(situation, settings, wrap=wrap, watch=watch)
     ref = Reference(outcome=outcome)
     if outcome.error is None and profiles:
         ref.profiles = list(profiles.values())

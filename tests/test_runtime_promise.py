@@ -556,14 +556,7 @@ def test_10_a_graph_left_while_its_swap_outs_are_copying_holds_no_more_than_its_
     before the loop's data, so both count it)."""
     import promise_situations as ps
     situation = ps.BY_NAME["branch_some_iters"]
-    profiles = {}
-
-    def watch(pooch):
-        for profile in (pooch.checked_profile, pooch.profile):
-            profiles.setdefault(id(profile), profile)
-    ps.execute(situation, {"profile_iters": 1, "policy": None, "verbose": False,
-                           "device": CpuDevice(copy_delay_s=0.005)}, watch=watch)
-    budget = max(p.incore_peak_bytes for p in profiles.values() if p is not None)
+    budget = ps.reference(situation, device=CpuDevice(copy_delay_s=0.005)).incore
     slow = ps.execute(situation, {"profile_iters": 3, "policy": "swap-all", "verbose": False,
                                   "budget": budget, "device": CpuDevice(copy_delay_s=0.005)})
     assert slow.error is None, slow.describe_error()
