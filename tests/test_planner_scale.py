@@ -65,7 +65,7 @@ def test_pruning_changes_no_decision_of_the_refinement(monkeypatch):
     pruned_stats = SearchStats()
     pruned, _ = refine(model, start, budget, max_simulations=10**6, stats=pruned_stats)
     assert pruned_stats.refine_pruned > 0
-    monkeypatch.setattr(refine_module, "_cannot_beat", lambda *args: False)
+    monkeypatch.setattr(refine_module, "_below", lambda *args: False)
     full_stats = SearchStats()
     full, _ = refine(model, start, budget, max_simulations=10**6, stats=full_stats)
     assert np.array_equal(pruned, full)

@@ -98,3 +98,23 @@ def test_best_checkpoints_respects_the_spacing_limit():
     assert dense is None or any(np.array_equal(dense, checkpoint_codes(model, k)) for k in (1, 2))
     assert best_checkpoints(model, minimum_budget(profile) - 1) is None
     assert (checkpoint_codes(model, 1) == KEEP).all()
+
+
+@pytest.mark.parametrize("seed", [0, 4, 9])
+def test_keep_room_fill_keeps_what_a_walk_one_by_one_keeps(seed):
+    from pooch_ext.policies.search import KeepRoom, keep_candidates
+
+    profile = random_profile(seed, 16)
+    model = compile_profile(profile, "pcie3")
+    rng = np.random.default_rng(seed)
+    for fraction in (0.0, 0.2, 0.5, 0.9):
+        budget = budget_between(profile, fraction)
+        room = KeepRoom(model, tightest_codes(model), budget)
+        candidates = keep_candidates(model, tightest_codes(model))
+        for order in (candidates, list(rng.permutation(candidates))):
+            top, walked = room.top, []
+            for i in order:                  # the definition: each in turn, where it fits
+                if room.fits_keep(top, i):
+                    top = room.keep(top, i)
+                    walked.append(i)
+            assert room.fill(room.top, order) == walked

@@ -14,6 +14,7 @@ from pooch_ext.plan import Plan
 from pooch_ext.profile import Profile
 from pooch_ext.sim.budgets import minimum_budget
 from pooch_ext.sim.check import schedule_memory, validate_schedule
+from pooch_ext.sim import engine as engine_module
 from pooch_ext.sim.engine import simulate_plan
 from pooch_ext.analytic.synthetic import chain_profile
 
@@ -219,3 +220,38 @@ def test_bytes_held_between_ops_are_charged_beside_a_recompute_run_there():
     assert again.peak_bytes == int(schedule_memory(profile, again.schedule,
                                                    again.configs).peak_bytes.max())
     assert again.peak_bytes >= held
+
+
+class _CheckingEveryBoundary(engine_module._Run):
+    """The engine with its two skipped tests made at every boundary: a forced release
+    wherever an op's top is over the budget, finished copies wherever some are waiting."""
+
+    over = property(lambda self: set(range(self.n)), lambda self, value: None)
+    wait_until = property(lambda self: -1, lambda self, value: None)
+
+
+@pytest.mark.parametrize("timing", ["early", "previous-op", "vdnn"])
+def test_the_boundaries_the_engine_skips_change_no_run(timing, monkeypatch):
+    from pooch_ext.analytic.synthetic import random_profile
+    from pooch_ext.sim.budgets import budget_between
+    from pooch_ext.sim.model import compile_profile
+
+    rng = np.random.default_rng(3)
+    runs = []
+    for seed in range(6):
+        profile = random_profile(seed, 14)
+        model = compile_profile(profile, Link("1GB/s", 1e9, 1e9))
+        for fraction in (-0.2, 0.0, 0.3):       # below the minimum budget too: overflows
+            budget = budget_between(profile, max(fraction, 0.0)) + int(fraction * 1e5)
+            for _ in range(4):
+                codes = np.where(model.can, rng.random(model.can.shape), -1).argmax(axis=1)
+                runs.append((model, codes, budget))
+    skipping = [engine_module.run(m, c, timing, b, record=True) for m, c, b in runs]
+    monkeypatch.setattr(engine_module, "_Run", _CheckingEveryBoundary)
+    checking = [engine_module.run(m, c, timing, b, record=True) for m, c, b in runs]
+    assert any(not r.feasible for r in skipping) and any(r.feasible for r in skipping)
+    for fast, full in zip(skipping, checking):
+        assert (fast.time_s, fast.peak_bytes, fast.reason, fast.l_in, fast.l_out) == (
+            full.time_s, full.peak_bytes, full.reason, full.l_in, full.l_out)
+        assert np.array_equal(fast.stall_h2d, full.stall_h2d)
+        assert fast.trace["actions"] == full.trace["actions"]

@@ -84,10 +84,14 @@ def refine(model: SimModel, codes: np.ndarray, budget: int, max_simulations: int
             if trial is None or (key := trial.tobytes()) in tried:
                 continue
             tried.add(key)
-            if _cannot_beat(model, trial, best_time):
+            # cheapest test first; the link bound after the fit, whose lifetimes it reuses
+            if _below(compute_floor(model, trial), best_time):
                 stats.refine_pruned += 1
                 continue
             if not fits(model, trial, budget, ev.host_budget):
+                continue
+            if _below(link_bound(model, trial), best_time):
+                stats.refine_pruned += 1
                 continue
             t = ev.time(trial, cutoff=best_time * (1 - 1e-9))
             if t < best_time * (1 - 1e-9):
@@ -130,6 +134,10 @@ class _Base:
     def __init__(self, model: SimModel, codes: np.ndarray, budget: int) -> None:
         self.model, self.codes, self.budget = model, codes, budget
         self._room: KeepRoom | None = None
+        # plain lists: most moves are ruled out by a class or two, and NumPy scalars one at a
+        # time would cost more than the test
+        self.classes: list[int] = codes.tolist()
+        self.allowed: list[list[bool]] = model.can.tolist()
 
     def room(self) -> KeepRoom:
         if self._room is None:
@@ -137,20 +145,23 @@ class _Base:
         return self._room
 
 
+_FLIPPED = {SWAP: RECOMPUTE, RECOMPUTE: SWAP}
+
+
 def _apply(model: SimModel, base: _Base, move: tuple) -> np.ndarray | None:
     """The classes after ``move`` from ``base.codes``, or None where it does not apply."""
-    kind, codes = move[0], base.codes
+    kind, codes, classes, allowed = move[0], base.codes, base.classes, base.allowed
     if kind == "flip":
         i = move[1]
-        new = {SWAP: RECOMPUTE, RECOMPUTE: SWAP}.get(int(codes[i]))
-        if new is None or not model.can[i, new]:
+        new = _FLIPPED.get(classes[i])
+        if new is None or not allowed[i][new]:
             return None
         trial = codes.copy()
         trial[i] = new
         return trial
     if kind == "demote":
         i, new = move[1], move[2]
-        if codes[i] != KEEP or not model.can[i, new]:
+        if classes[i] != KEEP or not allowed[i][new]:
             return None
         trial = codes.copy()
         trial[i] = new
@@ -162,7 +173,7 @@ def _apply(model: SimModel, base: _Base, move: tuple) -> np.ndarray | None:
         room = KeepRoom(model, trial, base.budget)
         return _refill(model, trial, i, room, room.top)
     group, combo = move[1], move[2]
-    if any(codes[j] == c or not model.can[j, c] for j, c in zip(group, combo)):
+    if any(classes[j] == c or not allowed[j][c] for j, c in zip(group, combo)):
         return None
     trial = codes.copy()
     trial[list(group)] = combo
@@ -242,9 +253,7 @@ def _refill(model: SimModel, codes: np.ndarray, exclude: int, room: KeepRoom,
     return codes
 
 
-def _cannot_beat(model: SimModel, codes: np.ndarray, best_time: float) -> bool:
-    """Whether ``codes`` cannot improve on ``best_time`` by refine's margin: a lower bound
-    of its time (up to rounding; the compute floor first, it is cheaper) is already there."""
-    limit = best_time * (1 - 1e-9)
-    return (compute_floor(model, codes) * (1 - 1e-12) >= limit
-            or link_bound(model, codes) * (1 - 1e-12) >= limit)
+def _below(bound: float, best_time: float) -> bool:
+    """Whether a plan with lower bound ``bound`` cannot improve on ``best_time`` by refine's
+    margin (up to rounding in the bound)."""
+    return bound * (1 - 1e-12) >= best_time * (1 - 1e-9)

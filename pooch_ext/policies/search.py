@@ -29,7 +29,8 @@ import numpy as np
 from pooch_ext.sim.memory import occupy
 from pooch_ext.sim.model import KEEP, SWAP, SimModel, lifetimes, static_top
 from pooch_ext.sim.budgets import tightest_codes
-from pooch_ext.sim.engine import EPS, RunResult, run
+from pooch_ext.sim.engine import EPS, run
+from pooch_ext.sim.timeline import RunResult
 
 
 @dataclass
@@ -117,10 +118,26 @@ class KeepRoom:
         return out
 
     def fill(self, top: np.ndarray, candidates: list[int]) -> list[int]:
-        """The candidates (in the order given) that fit one after another from ``top``."""
-        kept = []
-        for i in candidates:
-            if self.fits_keep(top, i):
+        """The candidates (in the order given) that fit one after another from ``top``.
+
+        Keeping only raises ``top``, so a candidate that does not fit at the start never
+        will: one vectorized test (the highest point of every hole at once) rules those out,
+        and only the rest are walked one by one (most candidates of a full memory fail)."""
+        if not candidates:
+            return []
+        order = np.asarray(candidates)
+        lo, hi = self.lo[order], self.hi[order]
+        open_ = lo < hi
+        could = ~open_          # an empty hole always fits
+        if open_.any():
+            # maximum over [lo, hi) of every open hole: reduceat over the interleaved edges
+            # (hi <= n < len(top)); the odd slots ([hi, next lo)) are not used
+            edges = np.column_stack((lo[open_], hi[open_])).ravel()
+            highest = np.maximum.reduceat(top, edges)[::2]
+            could[open_] = highest + self.nbytes[order[open_]] <= self.budget
+        kept: list[int] = []
+        for i in order[could].tolist():
+            if not kept or self.fits_keep(top, i):
                 top = self.keep(top, i)
                 kept.append(i)
         return kept
@@ -128,7 +145,7 @@ class KeepRoom:
 
 def keep_candidates(model: SimModel, codes: np.ndarray) -> list[int]:
     """The maps not kept that may be, output side first (the order every keep walk takes)."""
-    order = np.argsort(-model.tensor)
+    order = np.arange(model.m - 1, -1, -1)     # model.tensor ascends: output side first
     return order[(codes[order] != KEEP) & model.can[order, KEEP]].tolist()
 
 

@@ -24,13 +24,26 @@ def in_core_time(model: SimModel) -> float:
 def compute_floor(model: SimModel, codes: np.ndarray) -> float:
     """The compute engine's own work under classes ``codes``: ops at their fastest
     configuration, each recompute, and the host seconds of the actions every schedule of
-    them takes (a swap-out and a swap-in per swapped map, a recompute per rebuilt map)."""
-    rebuilt = codes == RECOMPUTE
-    swapped = int(np.count_nonzero(codes == SWAP))
-    act = model.act_s
-    host = (swapped * (act.get("swap_out", 0.0) + act.get("swap_in", 0.0))
-            + int(np.count_nonzero(rebuilt)) * act.get("recompute", 0.0))
-    return float(model.dur.sum()) + float(model.rc_s[rebuilt].sum()) + host
+    them takes (a swap-out and a swap-in per swapped map, a recompute per rebuilt map).
+    Each map's share per class is tabled once per search: the refinement asks this of
+    every trial."""
+    ops, share, offsets = _floor_arrays(model)
+    return ops + float(share[offsets + codes].sum())
+
+
+def _floor_arrays(model: SimModel) -> tuple[float, np.ndarray, np.ndarray]:
+    """(every op's seconds, each map's extra compute-engine seconds per class flattened
+    as map x class, each map's offset in it), made once per search."""
+    cached = model.memo.get("compute_floor") if model.memo is not None else None
+    if cached is None:
+        act = model.act_s
+        share = np.zeros((model.m, 3))
+        share[:, SWAP] = act.get("swap_out", 0.0) + act.get("swap_in", 0.0)
+        share[:, RECOMPUTE] = model.rc_s + act.get("recompute", 0.0)
+        cached = (float(model.dur.sum()), share.ravel(), 3 * np.arange(model.m))
+        if model.memo is not None:
+            model.memo["compute_floor"] = cached
+    return cached
 
 
 def link_bound(model: SimModel, codes: np.ndarray) -> float:

@@ -36,7 +36,6 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections import deque
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -49,30 +48,9 @@ from pooch_ext.sim.configs import applied, choose
 from pooch_ext.sim.model import (RECOMPUTE, SWAP, Lifetimes, SimModel, codes_of, compile_profile,
                                 compute_to_come, host_level, host_peak, lifetimes, recompute_extra,
                                 static_top, swap_in_bound, swap_in_targets, swap_waits)
-from pooch_ext.sim.timeline import Recorder, Timeline, build_timeline
+from pooch_ext.sim.timeline import Recorder, RunResult, Timeline, build_timeline
 
 EPS = 1e-12
-
-
-@dataclass
-class RunResult:
-    """What one simulation found (cheap to make; the search uses it directly)."""
-
-    time_s: float
-    feasible: bool
-    peak_bytes: int
-    reason: str
-    forward_end_s: float
-    l_out: list[int]            # feature-map indices whose swap-out compute waited on / ran late
-    l_in: list[int]             # feature-map indices whose swap-in a backward op waited on
-    stall_d2h: np.ndarray       # (m,) seconds compute waited on each map's swap-out
-    stall_h2d: np.ndarray       # (m,) seconds compute waited on each map's swap-in
-    delayed: int                # swap-ins a fixed rule wanted earlier than memory allowed
-    trace: dict | None = None   # intervals and actions (record=True)
-    cut_short: bool = False     # stopped once it could not end before ``cutoff`` (run)
-    host_peak_bytes: int = 0    # host bytes the swapped maps hold at once (model.host_peak)
-    configs: np.ndarray | None = None   # chosen configuration per op that has them
-    dur: np.ndarray | None = None       # (n,) seconds per op with those configurations
 
 
 # ------------------------------------------------------------------ public API
@@ -156,14 +134,15 @@ class _Run:
             self.configs = configs
             dur, peak = applied(model.configs, configs, model.dur, model.peak_inc)
         self.level, self.top = static_top(model, life, minimal=False, peak_inc=peak)
-        self.dur_array = dur
-        self.nbytes = model.nbytes
+        # only ops over the budget here may need a forced release: the top never rises above
+        # this (a release lowers it, a swap-in gives back part of what its map's release took)
+        self.over = set(np.flatnonzero(self.top[:self.n] > budget).tolist())
+        self.dur_array, self.nbytes = dur, model.nbytes
         self.so_s, self.si_s, self.dur, self.rc_s = (
             model.so_s.tolist(), model.si_s.tolist(), dur.tolist(), model.rc_s.tolist())
-        self.last_fwd, self.first_at = model.last_fwd.tolist(), life.first.tolist()
-        self.end_at = life.end.tolist()
-        self.unlimited = not math.isfinite(budget)
-        self.vdnn = timing == "vdnn"
+        self.last_fwd, self.first_at, self.end_at = (model.last_fwd.tolist(), life.first.tolist(),
+                                                     life.end.tolist())
+        self.unlimited, self.vdnn = not math.isfinite(budget), timing == "vdnn"
         # the runtime's host seconds per action: compute waits while the host issues them
         self.c_so, self.c_rel, self.c_si, self.c_wait, self.c_rc, self.c_free = (
             model.act_s.get(a, 0.0)
@@ -184,6 +163,7 @@ class _Run:
         self.l_in: set[int] = set()
         self.inflight: deque[int] = deque()   # swap-outs not yet released, in copy order
         self.done_wait: list[int] = []        # copied, but a forward op still reads them
+        self.wait_until = 0                   # the last forward read among them, the least
         self.t = self.d2h_free = self.h2d_free = self.forward_end = 0.0
         self.qpos = 0
         self.delayed = 0
@@ -196,16 +176,19 @@ class _Run:
     def _static_actions(self, codes: np.ndarray, life: Lifetimes) -> None:
         """Per boundary: swap-outs, recomputes, frees, and the swap-in waits (sources of a
         recompute first, then the op's own)."""
-        self.so_at: dict[int, list[int]] = {}
-        self.rc_at: dict[int, list[int]] = {}
-        self.free_at: dict[int, list[int]] = {}
+        so_at: dict[int, list[int]] = {}
+        rc_at: dict[int, list[int]] = {}
+        free_at: dict[int, list[int]] = {}
+        end_at, last_fwd = self.end_at, self.last_fwd
+        producer, rc_point = self.model.producer.tolist(), life.rc_point.tolist()
         for i, c in enumerate(codes.tolist()):
-            self.free_at.setdefault(self.end_at[i], []).append(i)
+            free_at.setdefault(end_at[i], []).append(i)
             if c == SWAP:
-                self.so_at.setdefault(int(self.model.producer[i]) + 1, []).append(i)
+                so_at.setdefault(producer[i] + 1, []).append(i)
             elif c == RECOMPUTE:
-                self.free_at.setdefault(self.last_fwd[i] + 1, []).append(i)
-                self.rc_at.setdefault(int(life.rc_point[i]), []).append(i)
+                free_at.setdefault(last_fwd[i] + 1, []).append(i)
+                rc_at.setdefault(rc_point[i], []).append(i)
+        self.so_at, self.rc_at, self.free_at = so_at, rc_at, free_at
         self.src_wait_at, self.op_wait_at = swap_waits(self.model, life)
 
     # ------------------------------------------------------------ one boundary
@@ -214,7 +197,7 @@ class _Run:
         waits, then op b itself on the compute engine."""
         n, n_fwd, rec, dur, top = self.n, self.n_fwd, self.rec, self.dur, self.top
         free_at, so_at, c_free, vdnn = self.free_at, self.so_at, self.c_free, self.vdnn
-        limited = not self.unlimited
+        over = self.over
         rc_at, op_wait_at, n_queue = self.rc_at, self.op_wait_at, len(self.queue)
         # cheap tests first (oldest copy not done; next swap-in not needed, due and released)
         inflight, so_done, queue, first_at = self.inflight, self.so_done, self.queue, self.first_at
@@ -235,11 +218,12 @@ class _Run:
                 self.t += c_free * len(free_at[b])
             if b in so_at:
                 self._swap_outs(b)
-            if self.done_wait or (inflight and so_done[inflight[0]] <= self.t + EPS):
+            if ((inflight and so_done[inflight[0]] <= self.t + EPS)
+                    or (self.done_wait and b > self.wait_until)):
                 self._release_done(b)
             if vdnn:
                 self._vdnn_offload_waits(b)
-            if (b < n and limited and top[b] > self.budget
+            if (b in over and top[b] > self.budget
                     and not self._force_release(b, 0) and not self.overflow):
                 self.overflow = (f"op {b} ({self.model.names[b]}) needs {int(top[b])} "
                                  f"bytes with every possible release done; budget "
@@ -365,6 +349,7 @@ class _Run:
                 else:
                     keep.append(i)
             self.done_wait = keep
+            self.wait_until = min((last_fwd[i] for i in keep), default=0)
 
     def _wait_swap_out(self, i: int, b: int) -> None:
         """Compute waits for map i's swap-out to finish, then releases whatever is done."""
@@ -451,10 +436,3 @@ class _Run:
             result.trace["host"] = host_level(model, codes)
         return result
 
-
-# The former pooch_ext.simulator's names, for code that imports them from here (one release)
-from pooch_ext.sim.budgets import (budget_between, checkpoint_codes, fits,  # noqa: E402,F401
-                                   fraction_between, least_peak, least_swap_codes,
-                                   minimum_budget, minimum_host_budget, require_budget,
-                                   require_host_budget, tightest_codes)
-from pooch_ext.sim.check import schedule_memory, validate_schedule  # noqa: E402,F401

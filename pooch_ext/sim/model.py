@@ -231,20 +231,23 @@ def lifetimes(model: SimModel, codes: np.ndarray) -> Lifetimes:
         return memo["lifetimes"][1]
     need = list(model.bwd_need)               # a map's list is copied before it grows
     first, end = model.bwd_first.tolist(), model.bwd_end.tolist()
-    rc_point = np.full(model.m, -1, np.int64)
+    rc_point = [-1] * model.m
     grown: set[int] = set()
+    src_fm = model.src_fm
     for i in np.flatnonzero(codes == RECOMPUTE)[::-1].tolist():   # descendants first:
         point = first[i]                                          # sources have smaller ids
         rc_point[i] = point
-        for s in model.src_fm[i]:
+        for s in src_fm[i]:
             if s not in grown:
                 need[s] = list(need[s])
                 grown.add(s)
             need[s].append(point)
-            first[s] = min(first[s], point)
-            end[s] = max(end[s], point + 1)
+            if point < first[s]:
+                first[s] = point
+            if point + 1 > end[s]:
+                end[s] = point + 1
     life = Lifetimes(codes.copy(), need, np.array(first, np.int64), np.array(end, np.int64),
-                     rc_point)
+                     np.array(rc_point, np.int64))
     for array in (life.codes, life.first, life.end, life.rc_point):
         array.flags.writeable = False
     if memo is not None:

@@ -1,19 +1,36 @@
-"""The simulator's record of one iteration: what ``engine.run(..., record=True)`` saw (a
-Recorder), turned into the Timeline users read (intervals per engine, memory per boundary,
-stalls per map) and the schedule the executor replays."""
+"""What one simulation found (RunResult) and, recorded, what ``engine.run(..., record=True)``
+saw (a Recorder), turned into the Timeline users read (intervals per engine, memory per
+boundary, stalls per map) and the schedule the executor replays."""
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
 from pooch_ext.sim.model import SimModel
 
-if TYPE_CHECKING:
-    from pooch_ext.sim.engine import RunResult
+
+@dataclass
+class RunResult:
+    """What one simulation found (cheap to make; the search uses it directly)."""
+
+    time_s: float
+    feasible: bool
+    peak_bytes: int
+    reason: str
+    forward_end_s: float
+    l_out: list[int]            # feature-map indices whose swap-out compute waited on / ran late
+    l_in: list[int]             # feature-map indices whose swap-in a backward op waited on
+    stall_d2h: np.ndarray       # (m,) seconds compute waited on each map's swap-out
+    stall_h2d: np.ndarray       # (m,) seconds compute waited on each map's swap-in
+    delayed: int                # swap-ins a fixed rule wanted earlier than memory allowed
+    trace: dict | None = None   # intervals and actions (record=True)
+    cut_short: bool = False     # stopped once it could not end before ``cutoff`` (run)
+    host_peak_bytes: int = 0    # host bytes the swapped maps hold at once (model.host_peak)
+    configs: np.ndarray | None = None   # chosen configuration per op that has them
+    dur: np.ndarray | None = None       # (n,) seconds per op with those configurations
 
 
 @dataclass
