@@ -257,10 +257,13 @@ class CpuDevice:
             for param in model.params():
                 grad = grad_of(param)
                 if isinstance(grad, np.ndarray) and grad.base is None and \
-                        self.counter.counted_bytes(grad) == 0 and grad.nbytes:
+                        self.counter.counted_bytes(grad) == 0 and grad.nbytes and \
+                        grad.dtype == param.array.dtype:
                     # made before counting began (Chainer fills a new parameter's with NaN):
                     # a copy counts, as every later iteration's will (taken out whole below,
-                    # an uncounted one had left the first iteration short by its bytes)
+                    # an uncounted one had left the first iteration short by its bytes). One
+                    # of another dtype (the array cast by hand) is left: Chainer refuses it
+                    # back, and the loop's cleargrads drops it
                     param.grad = grad.copy()
             grads = {id(base_of(g)) for g in map(grad_of, model.params()) if g is not None}
             bases = {id(base_of(a)): base_of(a) for a in model_arrays_with(model)}

@@ -78,6 +78,19 @@ def laid_out(flat: Any, shape: tuple[int, ...], strides: tuple[int, ...] | None)
     return flat.reshape([shape[a] for a in order]).transpose(inverse)
 
 
+def broadcast_core(array: Any) -> tuple[Any, tuple[int, ...] | None]:
+    """A broadcast view (zero strides, F.broadcast_to's output) as the part that holds its
+    distinct elements, each zero-stride axis cut to length 1, and the shape to broadcast
+    that back to; (array, None) for any other array. A dense copy of the whole view would
+    lay its elements out in an order of its own (the zero strides tie), and a later
+    reduction over what is computed from it would add in another order: not the same bits.
+    The core is swapped instead (its bytes, not the view's) and broadcast back on return."""
+    zero = tuple(s == 0 and n > 1 for n, s in zip(array.shape, array.strides))
+    if not any(zero):
+        return array, None
+    return array[tuple(slice(0, 1) if z else slice(None) for z in zero)], tuple(array.shape)
+
+
 def dense_layout(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int) -> bool:
     """True when the elements fill exactly one block of ``size * itemsize`` bytes that starts at
     the first element, in any axis order (C, F, or a transposed view of either)."""

@@ -135,8 +135,7 @@ class GraphRecorder(chainer.FunctionHook):
     def on_revisit_begin(self, fwd_index: int, function: Any) -> None: ...
     def on_revisit_end(self, fwd_index: int, function: Any) -> None: ...
     def on_stale_backward(self, function: Any) -> None: ...
-    def on_pass_start(self, index: int, function: Any, in_data: tuple) -> bool:
-        return False
+    def on_pass_start(self, index: int, function: Any, in_data: tuple) -> bool: return False
     def on_forward_only(self, trace: GraphTrace) -> None: ...
     def on_compact(self, n_ops: int, n_tensors: int) -> None: ...
     def on_unsupported(self, reason: str) -> None: ...
@@ -245,9 +244,12 @@ class GraphRecorder(chainer.FunctionHook):
 
     def _pass_end(self, failed: bool) -> None:
         self._pass_depth -= 1
+        if not self._pass_depth:    # the op a failed pass raised in never ended: else
+            self._in_backward.clear()   # nothing would be recorded again (_recording)
         if self._pass_depth or self.trace is None or not self._pass_visited or self.paused:
             return
         self.trace.passes += 1
+        self.trace.failed |= self.trace.passes == 1 and failed   # no iteration to learn from
         if self.trace.passes == 1 and not failed:
             self.on_backward_complete(self.trace)
 
@@ -355,8 +357,7 @@ class GraphRecorder(chainer.FunctionHook):
 
     def _sources(self, in_data: tuple) -> list[int | None]:
         """The tensor an op of this iteration made that each input array is (TAIL for a tail
-        op's output), None for anything else: parameters and network inputs (a loop may feed
-        the same input array to every iteration)."""
+        op's output), None for anything else: parameters, network inputs (maybe the same)."""
         out: list[int | None] = []
         for array in in_data:
             entry = None if array is None else self._arrays.get(id(array))

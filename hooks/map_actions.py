@@ -23,11 +23,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
+from chainer.backend import get_array_module
+
 from pooch_ext.builder import nbytes_of
 from pooch_ext.hooks import codecs
 from pooch_ext.hooks.chainer_refs import (node_array, retained_outputs, set_node_array,
                                           set_retained_outputs, variable_array)
-from pooch_ext.hooks.device import Transfer
+from pooch_ext.hooks.device import Transfer, broadcast_core
 from pooch_ext.hooks.function_nodes import TAG
 from pooch_ext.hooks.program import ExecutorError
 from pooch_ext.hooks.recompute import recompute
@@ -46,6 +48,7 @@ class Slot:
     state: str = "device"           # device | incoming (swap-in not yet waited) | host | freed
     #                                 | encoded (its encoded form holds it)
     transfer: Transfer | None = None
+    broadcast: tuple | None = None  # a broadcast view's shape (its core is copied: device.py)
     dropped_node: bool = False
     dropped_retained: bool = False
 
@@ -195,7 +198,8 @@ class MapActions:
             return      # this very array's copy is under way (a schedule that then deviated)
         if slot.transfer is not None:
             executor.device.discard(slot.transfer)
-        slot.transfer = executor.device.swap_out(array, executor.timed_transfers)
+        core, slot.broadcast = broadcast_core(array)
+        slot.transfer = executor.device.swap_out(core, executor.timed_transfers)
         if executor.timed_transfers:
             executor.stats.transfers.append((tensor, slot.transfer))
         executor.stats.swap_outs += 1
@@ -220,6 +224,8 @@ class MapActions:
             executor.stats.swap_ins += 1
             return
         array = executor.device.swap_in(slot.transfer, executor.timed_transfers)
+        if slot.broadcast is not None:      # a view of the copy: it sees the copy land
+            array = get_array_module(array).broadcast_to(array, slot.broadcast)
         self.restore(tensor, slot, array)
         slot.state = "incoming"
         executor.stats.swap_ins += 1

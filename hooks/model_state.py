@@ -27,9 +27,10 @@ def base_of(array: Any) -> Any:
 
 
 def is_array(value: Any) -> bool:
-    """A NumPy or CuPy array (not a NumPy scalar): something that holds a buffer."""
+    """A NumPy or CuPy array (not a NumPy scalar, nor a type such as the np.float64 F.cast
+    keeps): something that holds a buffer."""
     return (hasattr(value, "nbytes") and hasattr(value, "shape") and hasattr(value, "dtype")
-            and not isinstance(value, np.generic))
+            and not isinstance(value, (np.generic, type)))
 
 
 def grad_of(param: Any) -> Any:

@@ -325,8 +325,8 @@ class PoocH(PoochResults):
     def _advance(self, trace: GraphTrace) -> None:
         deviations, self._deviations = self._deviations, []
         found_at_start, self._found_at_start = self._found_at_start, False
-        if not trace.backward_order or trace.unsupported:
-            return              # not a training iteration PoocH can plan
+        if not trace.backward_order or trace.unsupported or trace.failed:
+            return              # not a training iteration PoocH can plan (or learn from)
         self._trained += 1
         if self._updated:                   # no refusal comes after the first iteration
             self._gate.lift()

@@ -75,6 +75,7 @@ class GraphTrace:
     revisited: set[int] = field(default_factory=set)   # forward ops later passes ran again
     tail_ops: int = 0               # forward ops run after the first pass on this graph
     unsupported: str = ""           # why PoocH cannot run this iteration exactly, if so
+    failed: bool = False            # its first backward pass raised (a loop may go on)
 
     def signature(self) -> tuple:
         """What must match for a plan to apply: op names with their tensor ids, tensor

@@ -223,11 +223,13 @@ def test_bytes_held_between_ops_are_charged_beside_a_recompute_run_there():
 
 
 class _CheckingEveryBoundary(engine_module._Run):
-    """The engine with its two skipped tests made at every boundary: a forced release
-    wherever an op's top is over the budget, finished copies wherever some are waiting."""
+    """The engine with the tests it skips made at every boundary: a forced release wherever
+    an op's top is over the budget, finished copies wherever some are waiting, the next
+    swap-in wherever it is due (no memory of where it was blocked)."""
 
     over = property(lambda self: set(range(self.n)), lambda self, value: None)
     wait_until = property(lambda self: -1, lambda self, value: None)
+    blocked = property(lambda self: (-1, -1, -1), lambda self, value: None)
 
 
 @pytest.mark.parametrize("timing", ["early", "previous-op", "vdnn"])

@@ -230,8 +230,11 @@ class _Run:
                                  f"{int(self.budget)}")
             sync_now = []
             if n_fwd <= b < n and self.qpos < n_queue:
-                head = queue[self.qpos]
-                if vdnn or first_at[head] == b or (target[head] <= b and released[head]):
+                head, blocked = queue[self.qpos], self.blocked    # blocked: see _room
+                if vdnn or first_at[head] == b or (
+                        target[head] <= b and released[head] and not (
+                            blocked[0] == head and blocked[1] >= b
+                            and blocked[2] == self.releases)):
                     sync_now = self._swap_ins(b)
             if b in rc_at or b in op_wait_at or sync_now or self.sync_prev:   # else nothing
                 self._recomputes_and_waits(b, sync_now)
