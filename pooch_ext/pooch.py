@@ -47,6 +47,7 @@ import pooch_ext  # noqa: F401  (chainer import compat)
 import chainer
 
 from pooch_ext.distributed import AllreduceMeter, Ranks
+from pooch_ext.graph_order import GraphOrder
 from pooch_ext.errors import (BudgetTooSmallError, PoochError, UnsupportedLoopError,
                               PolicyDoesNotFitError, check_count)  # noqa: F401  (importable where raised)
 from pooch_ext.hooks.chainer_refs import check_chainer
@@ -112,16 +113,14 @@ class PoocH(PoochResults):
         self.runtime: Executor | None = None       # the Chainer hook that runs plans
         self.profiler: Profiler | None = None     # attached to it while profiling
         self._graphs: dict[tuple, _Graph] = {}    # signature -> what PoocH knows of it
+        self._order = GraphOrder()                  # and the order the graphs come in
         self._deviations: list[str] = []
-        self._found_at_start = False
+        self._found_at_start = self._closing = self._budget_applied = False
         self._told: set[Any] = set()             # what was said once
-        self._trained = 0                           # training iterations seen
+        self._trained = self._checked_passes = 0    # iterations; passes the check saw
         self._updated = False                       # an optimizer has updated a parameter
         self._refusal: Exception | None = None      # raised before the first update
-        self._checked_passes = 0                    # backward passes the check has seen
         self._gate = UpdateGate(self._before_update)  # before updates of the first iteration
-        self._closing = False
-        self._budget_applied = False
         self.overruns: list[dict] = []              # budget overruns the CPU device measured
 
     # ------------------------------------------------------------ context
@@ -346,10 +345,11 @@ class PoocH(PoochResults):
         if not graph.planned and sample is not None and sample.trace is trace:
             graph.samples.append(sample)
             self._plan_graph(graph, trace)
-        self.runtime.use(graph.program or graph.provisional)
-        # the graph coming next is measured while it has no plan; a graph without one met
-        # before (and not at the start of an iteration, where measuring can begin on the fly)
-        # keeps every iteration measured for a while, so its next run is measured whole
+        self._order.saw(signature)      # the next iteration starts on the graph predicted
+        upcoming = self._graphs.get(self._order.next(), graph)
+        self.runtime.use(upcoming.program or upcoming.provisional)
+        # a graph without a plan is measured; one met not at an iteration's start (where
+        # measuring can begin on the fly) keeps every iteration measured for a while
         if not graph.planned or any(
                 not g.planned and not g.found_at_start and
                 g.last_seen > self._trained - RECENT for g in self._graphs.values()):

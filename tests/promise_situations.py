@@ -692,8 +692,9 @@ class Branchy(ConvBN):
         return self.fc(h)
 
 
-def build_branch() -> Setup:
-    net, optimizer, data = Branchy(), chainer.optimizers.MomentumSGD(0.05), _images(_rng(), 8)
+def build_branch(batches: int = 8) -> Setup:
+    net, optimizer = Branchy(), chainer.optimizers.MomentumSGD(0.05)
+    data = _images(_rng(), batches)
 
     def step(i: int) -> tuple:
         x, t = data[i]

@@ -596,7 +596,7 @@ def test_10_a_graph_left_while_its_swap_outs_are_copying_holds_no_more_than_its_
                                   "budget": budget, "device": CpuDevice(copy_delay_s=0.005)})
     assert slow.error is None, slow.describe_error()
     runs = slow.pooch.iterations
-    assert (runs.deviation != "").sum() == 2 and runs.swap_outs.iloc[-1] > 0
+    assert (runs.deviation != "").sum() >= 1 and runs.swap_outs.iloc[-1] > 0
     assert slow.pooch.overruns == [] and runs.peak_bytes.max() <= budget
     plain = ps.execute(situation)
     assert ps.same_values(slow.values, plain.values) and states_equal(slow.state, plain.state)
@@ -815,3 +815,49 @@ def test_17_a_recompute_runs_beside_what_the_backward_loop_holds_between_ops():
     planned = under.pooch.iterations[under.pooch.iterations.program == "pooch"]
     assert len(planned) >= 2 and planned.recomputes.min() >= 1
     assert not under.pooch.overruns and (planned.peak_bytes <= budget).all()
+
+
+def test_graph_order_predicts_what_came_every_time_after_the_latest_graphs():
+    from pooch_ext.graph_order import GraphOrder
+
+    order = GraphOrder()
+    for graph in "RNNRNN":
+        order.saw(graph)
+    assert order.next() is None                 # once is not enough
+    for graph in "RNN":
+        order.saw(graph)
+    assert order.next() == "R"                  # after N, N came R both times
+    order.saw("R")
+    assert order.next() == "N"
+    branch = GraphOrder()
+    for graph in "AAAB" * 3 + "AAA":
+        branch.saw(graph)
+    assert branch.next() == "B"
+    branch.saw("B")
+    assert branch.next() == "A"
+    random_looking = GraphOrder()
+    for graph in "ABAAB":
+        random_looking.saw(graph)
+    assert random_looking.next() is None        # after B came A once; after A came B and A
+
+
+def test_18_a_graph_that_comes_in_turn_starts_its_iteration_on_its_own_program():
+    """A branch taken every fourth iteration parts from the other graph at a late op, and an
+    iteration that started on the other graph's program could change to its own only where
+    both had done the same so far: at a tight budget their plans differ before, and every
+    branch iteration and the one after it went on on demand (here 8 of 20; a user's LSTM
+    reset every third iteration: 22% over the budget each time). Once the order has
+    repeated, each iteration starts on the program of the graph that comes."""
+    import promise_situations as ps
+    situation = ps.Situation("branch_every_fourth", lambda: ps.build_branch(20), n_iters=20)
+    budget = int(ps.reference(situation).floor * 1.05)    # plans that differ early
+    kwargs = {"profile_iters": 2, "policy": "pooch", "verbose": False, "budget": budget}
+    under = ps.execute(situation, kwargs, n_iters=20)
+    assert under.error is None, under.describe_error()
+    runs = under.pooch.iterations
+    assert (runs.deviation.iloc[:9] != "").any()        # the branch met, not yet in turn
+    later = runs.iloc[9:]                # the order has repeated twice: 11 starts as branch
+    assert later.deviation.eq("").all() and later.program.ne("on-demand").all()
+    assert not [o for o in under.pooch.overruns if o["iteration"] >= 9]
+    plain = ps.execute(situation, n_iters=20)
+    assert ps.same_values(under.values, plain.values) and states_equal(under.state, plain.state)
