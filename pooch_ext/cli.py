@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from pooch_ext.errors import PoochError
@@ -48,6 +49,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(_joined(sys.argv[1:] if argv is None else list(argv)))
     try:
         return int(args.run(args) or 0)
+    except BrokenPipeError:
+        # the reader left (`| head`): outputs are written before anything is printed, so the
+        # work is done; what was left to print goes nowhere, and Python's own flush at exit too
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except (PoochError, ValueError, OSError) as error:
         print(f"pooch-ext {args.command}: error: {error}", file=sys.stderr)
         return 2

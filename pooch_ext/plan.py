@@ -133,6 +133,9 @@ class Plan:
                 raise PoochError(f"{path}: missing field '{column}'")
         try:
             classes = {int(t): str(c) for t, c in zip(table["tensor"], table["class"])}
+            if len(classes) < len(table):       # the last row would win, silently
+                twice = table["tensor"][table["tensor"].duplicated()].iloc[0]
+                raise ValueError(f"tensor {twice} has more than one row (one class per map)")
             # an encoded map's row (pooch_ext/encodings.py): its encoded form kept or swapped
             codecs = table["encoding"].fillna("").astype(str) if "encoding" in table else None
             encodings = {} if codecs is None else {

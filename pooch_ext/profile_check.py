@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from pooch_ext.errors import ProfileError
-from pooch_ext.units import MAX_BYTES
+from pooch_ext.units import MAX_BYTES, MAX_SECONDS
 
 MAX_TOTAL = 1 << 62      # all allocations together: int64 sums stay exact
 # the contract's vocabularies (profile.py re-exports them)
@@ -95,12 +95,15 @@ def _cells(ops: pd.DataFrame, tensors: pd.DataFrame, memory: pd.DataFrame) -> li
 
 def _value_cells(p: _Problems, ops: pd.DataFrame, tensors: pd.DataFrame,
                  memory: pd.DataFrame) -> None:
-    """Times are finite and >= 0; byte counts lie in 0..MAX_BYTES."""
+    """Times lie in 0..MAX_SECONDS; byte counts in 0..MAX_BYTES; there are ops."""
+    if not len(ops):
+        p.append(Problem("ops", None, "op", "the profile has no ops (an empty network)"))
     for table, frame, columns in (("ops", ops, ("duration_s", "runtime_s", "rerun_s")),
                                   ("tensors", tensors, ("swap_out_s", "swap_in_s", "recompute_s"))):
         for column in columns:
             v = frame[column].to_numpy(float)
-            p.flag(table, column, v, ~np.isfinite(v) | (v < 0), "is not a finite time >= 0 s")
+            p.flag(table, column, v, ~(v >= 0) | ~(v <= MAX_SECONDS),
+                   f"is not a time in 0..{MAX_SECONDS:g} s")
     for table, frame, column in (("ops", ops, "transient_bytes"), ("tensors", tensors, "bytes"),
                                  ("memory", memory, "bytes")):
         v = frame[column].to_numpy(np.int64)
@@ -129,7 +132,7 @@ def _op_cells(p: _Problems, ops: pd.DataFrame) -> np.ndarray:
     bad_configs = np.array([not _configs_sound(c) for c in ops["configs"]], bool)
     p.flag("ops", "configs", ops["configs"].to_numpy(object), bad_configs,
            "are not split configurations (distinct pieces >= 2, bytes in "
-           f"0..{MAX_BYTES}, finite seconds >= 0)")
+           f"0..{MAX_BYTES}, seconds in 0..{MAX_SECONDS:g})")
     seen_fwd = pd.Series(fwd_op[backward]).duplicated().to_numpy()
     repeated = np.zeros(n, bool)
     repeated[np.flatnonzero(backward)[seen_fwd]] = True
@@ -140,7 +143,7 @@ def _op_cells(p: _Problems, ops: pd.DataFrame) -> np.ndarray:
 def _configs_sound(configs: list) -> bool:
     pieces = [c[0] for c in configs]
     return len(set(pieces)) == len(pieces) and all(
-        p >= 2 and 0 <= b <= MAX_BYTES and math.isfinite(t) and t >= 0 for p, b, t in configs)
+        p >= 2 and 0 <= b <= MAX_BYTES and 0 <= t <= MAX_SECONDS for p, b, t in configs)
 
 
 def _tensor_cells(p: _Problems, tensors: pd.DataFrame, phase: np.ndarray, n: int) -> None:

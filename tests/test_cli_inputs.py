@@ -136,3 +136,48 @@ def test_a_negative_size_and_a_folder_that_is_no_profile_are_named(saved, tmp_pa
         assert "not a byte size: '-1GiB'" in err
     err = one_line_error(capsys, ["classify", str(tmp_path), "--budget", "16GiB"])
     assert f"{tmp_path}: not a profile folder (profile.json missing" in err
+
+
+def test_no_output_replaces_an_input_or_another_output(saved, tmp_path, capsys):
+    plan = tmp_path / "plan.csv"
+    assert main(["classify", saved[0], "--out", str(plan), "--budget", str(saved[1])]) == 0
+    for argv, says in (
+            (["classify", saved[0], "--out", f"{saved[0]}/ops.csv"], "would replace an input"),
+            (["classify", saved[0], "--schedule", f"{saved[0]}/profile.json"], "would replace"),
+            (["simulate", saved[0], "--plan", str(plan), "--schedule", str(plan)], "plan read"),
+            (["classify", saved[0], "--out", str(tmp_path / "a.csv"), "--schedule",
+              str(tmp_path / "a.csv")], "are the same file")):
+        assert says in one_line_error(capsys, argv + ["--budget", str(saved[1])])
+    assert Path(saved[0], "ops.csv").stat().st_size and plan.read_text().startswith("tensor")
+
+
+def test_a_plan_table_with_a_map_twice_is_refused_and_one_left_out_is_counted_kept(
+        saved, tmp_path, capsys):
+    import json
+
+    import pandas as pd
+
+    plan = tmp_path / "plan.csv"
+    assert main(["classify", saved[0], "--out", str(plan), "--budget", str(saved[1])]) == 0
+    table = pd.read_csv(plan)
+    pd.concat([table, table.iloc[:1]]).to_csv(tmp_path / "twice.csv", index=False)
+    assert "has more than one row" in one_line_error(
+        capsys, ["simulate", saved[0], "--plan", str(tmp_path / "twice.csv")])
+    table.iloc[1:].to_csv(tmp_path / "short.csv", index=False)
+    capsys.readouterr()
+    assert main(["simulate", saved[0], "--plan", str(tmp_path / "short.csv"), "--json"]) in (0, 1)
+    counts = json.loads(capsys.readouterr().out)["counts"]
+    assert sum(counts.values()) == len(table)       # the map left out counted, as kept
+
+
+def test_a_reader_that_stops_early_is_no_error(saved):
+    """`pooch-ext classify ... | head -1` exited 2 with 'Broken pipe' although the work was
+    done."""
+    import subprocess
+    import sys
+
+    process = subprocess.Popen([sys.executable, "-m", "pooch_ext.cli", "classify", saved[0]],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    process.stdout.close()          # gone before anything is printed: the write fails
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == 0 and b"Traceback" not in err, err

@@ -24,10 +24,12 @@ from pooch_ext.analytic.synthetic import chain_profile
 # (table, row, column, value, what the message says); the toy's rows: tensor 2 is the stem
 # conv's output (a feature map of 4x8x8x8 float32), op 3 the first branch conv, which reads 4
 BAD = [
-    ("tensors", 2, "swap_in_s", math.nan, "nan is not a finite time >= 0 s"),
-    ("tensors", 2, "swap_out_s", math.inf, "inf is not a finite time >= 0 s"),
-    ("tensors", 2, "recompute_s", -1e-3, "-0.001 is not a finite time >= 0 s"),
-    ("ops", 1, "duration_s", -2.0, "-2.0 is not a finite time >= 0 s"),
+    ("tensors", 2, "swap_in_s", math.nan, "nan is not a time in 0..1e+06 s"),
+    ("tensors", 2, "swap_out_s", math.inf, "inf is not a time in 0..1e+06 s"),
+    ("tensors", 2, "recompute_s", -1e-3, "-0.001 is not a time in 0..1e+06 s"),
+    ("ops", 1, "duration_s", -2.0, "-2.0 is not a time in 0..1e+06 s"),
+    # beyond it, an iteration's sums lose the other ops' times (1e15 s made another plan)
+    ("ops", 1, "duration_s", 1e15, "1000000000000000.0 is not a time in 0..1e+06 s"),
     ("tensors", 2, "bytes", 1, "1 is not shape x dtype size"),
     ("ops", 3, "inputs", [9], "reads tensor 9 before op 7 makes it"),
     ("memory", 3, "bytes", -5, "-5 is not a byte count"),
@@ -136,3 +138,12 @@ def test_action_costs_are_checked_and_saved(toy_profile, tmp_path):
     header.write_text(header.read_text().replace('"free"', '"fre"'))
     with pytest.raises(ProfileError, match="profile.json.*'fre' is not a schedule action"):
         Profile.load(tmp_path / "p")
+
+
+def test_an_empty_network_is_refused_in_one_sentence(toy_profile):
+    """A profile without ops passed the checks and crashed pooch's search (a division by
+    its zero boundaries) with a traceback."""
+    empty = {name: frame.iloc[:0] for name, frame in tables(toy_profile).items()}
+    with pytest.raises(ProfileError, match="the profile has no ops"):
+        Profile(empty["ops"], empty["tensors"], empty["memory"], toy_profile.resident_bytes,
+                toy_profile.device, toy_profile.link)

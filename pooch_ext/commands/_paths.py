@@ -57,3 +57,21 @@ def _check_writable(folder: Path, text: str) -> None:
     except OSError as error:
         raise argparse.ArgumentTypeError(
             f"cannot write {text!r}: {error.strerror or error} in {str(folder)!r}") from None
+
+
+def check_distinct(args: argparse.Namespace) -> None:
+    """No output may replace an input or another output: ``--out`` into the profile folder
+    left a profile that no longer loads, ``--schedule`` onto ``--plan`` replaced the plan
+    read (ValueError: one line, exit 2, before any work)."""
+    outputs = {name: Path(path).resolve() for name in ("out", "schedule", "plot")
+               if (path := getattr(args, name, None)) is not None}
+    profile = Path(args.profile_dir).resolve()
+    plan = Path(args.plan).resolve() if getattr(args, "plan", None) else None
+    seen: dict[Path, str] = {}
+    for name, path in outputs.items():
+        if path == plan or profile in path.parents:
+            raise ValueError(f"--{name} {str(path)!r} would replace an input (the "
+                             + ("plan read" if path == plan else "profile folder's files") + ")")
+        if path in seen:
+            raise ValueError(f"--{name} and --{seen[path]} are the same file {str(path)!r}")
+        seen[path] = name

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from pooch_ext.commands._paths import FILE_HELP, output_file, png_file
+from pooch_ext.commands._paths import FILE_HELP, check_distinct, output_file, png_file
 from pooch_ext.links import PRESETS
 from pooch_ext.plan import Plan
 from pooch_ext.profile import Profile
@@ -39,6 +39,7 @@ def add_figures(parser: argparse.ArgumentParser) -> None:
 def load(args: argparse.Namespace) -> tuple[Profile, int, float]:
     """The profile, the budget and the host budget in bytes (math.inf: unlimited); either
     below its minimum raises with it."""
+    check_distinct(args)
     profile = Profile.load(args.profile_dir)
     budget = require_budget(profile, args.budget)
     return profile, budget, require_host_budget(profile, budget, args.host_budget)
