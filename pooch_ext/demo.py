@@ -48,26 +48,38 @@ def teacher_batches(n: int, batch: int, shape: tuple[int, ...], n_classes: int, 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     from pooch_ext.commands._paths import output_folder
+    from pooch_ext.links import PRESETS
+    from pooch_ext.models import MODEL_NAMES
+    from pooch_ext.policies import POLICY_NAMES
 
     parser = argparse.ArgumentParser(prog="python -m pooch_ext.demo",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--mpi", action="store_true",
                         help="the data-parallel example instead (under mpiexec; its options: "
                              "python -m pooch_ext.demo_mpi --help)")
-    parser.add_argument("--model", default="small-resnet")
-    parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--iters", type=int, default=40)
+    parser.add_argument("--model", default="small-resnet", choices=MODEL_NAMES,
+                        help="the network (default small-resnet)")
+    parser.add_argument("--batch", type=int, default=32, help="batch size (default 32)")
+    parser.add_argument("--iters", type=int, default=40,
+                        help="training iterations, plain and under PoocH (default 40)")
     parser.add_argument("--profile-iters", type=int, default=3)
     parser.add_argument("--budget-fraction", type=float, default=0.4,
-                        help="budget as a fraction of the in-core need (default 0.4)")
-    parser.add_argument("--policy", default="pooch")
-    parser.add_argument("--link", default="pcie3", help="link of the CPU device's copy engines (CPU only)")
+                        help="budget as a fraction of the in-core need, in (0, 1] "
+                             "(default 0.4)")
+    parser.add_argument("--policy", default="pooch", choices=POLICY_NAMES,
+                        help="the policy PoocH plans with (default pooch)")
+    parser.add_argument("--link", default="pcie3", choices=tuple(PRESETS),
+                        help="link of the CPU device's copy engines (CPU only)")
     parser.add_argument("--cpu", action="store_true", help="use the CPU device even "
                                                            "where a GPU is present")
     parser.add_argument("--out", type=output_folder, default=OUT,
                         help="folder for the results (default results/demo); created, with any "
                              "missing parent folders, if it does not exist")
     args = parser.parse_args(argv)
+    if args.batch < 1:
+        parser.error(f"--batch must be at least 1, got {args.batch}")
+    if not 0 < args.budget_fraction <= 1:     # nan too
+        parser.error(f"--budget-fraction must lie in (0, 1], got {args.budget_fraction}")
     if args.profile_iters < 1 or args.iters < args.profile_iters + 2:
         # the first planned iteration also classifies: speeds are medians of the ones after it
         parser.error(f"--iters must be at least --profile-iters + 2 (and --profile-iters at "

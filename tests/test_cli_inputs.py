@@ -129,6 +129,22 @@ def test_demo_out_is_checked_before_training(tmp_path, capsys):
     assert _parse(["--out", str(tmp_path / "new" / "demo")]).out == tmp_path / "new" / "demo"
 
 
+@pytest.mark.parametrize("argv, says", [
+    (["--model", "nope"], "invalid choice: 'nope'"), (["--batch", "0"], "--batch must be"),
+    (["--policy", "nope"], "invalid choice"), (["--link", "nope"], "invalid choice"),
+    (["--budget-fraction", "nan"], "must lie in (0, 1]"),
+    (["--budget-fraction", "-0.5"], "must lie in (0, 1]")])
+def test_the_demo_names_a_bad_option_before_anything_is_made(tmp_path, capsys, argv, says):
+    """They were tracebacks after the output folder was made (left empty)."""
+    from pooch_ext.demo import _parse
+
+    with pytest.raises(SystemExit) as done:
+        _parse(argv + ["--out", str(tmp_path / "demo")])
+    err = capsys.readouterr().err
+    assert done.value.code == 2 and says in err and "Traceback" not in err
+    assert not (tmp_path / "demo").exists()
+
+
 def test_a_negative_size_and_a_folder_that_is_no_profile_are_named(saved, tmp_path, capsys):
     path, _ = saved
     for option in ("--budget", "--host-budget"):      # argparse alone took "-1GiB" for an option
@@ -181,3 +197,15 @@ def test_a_reader_that_stops_early_is_no_error(saved):
     process.stdout.close()          # gone before anything is printed: the write fails
     _, err = process.communicate(timeout=120)
     assert process.returncode == 0 and b"Traceback" not in err, err
+
+
+def test_a_budget_above_the_devices_memory_is_said(saved, capsys):
+    """Accepted (what if the device were larger?), but a user reading 'feasible yes' at 16
+    GiB on a 15.8 GiB V100 profile was not told the plan does not fit that device."""
+    from pooch_ext.profile import Profile
+
+    capacity = int(Profile.load(saved[0]).device.capacity_bytes)
+    assert main(["classify", saved[0], "--budget", str(capacity + 1)]) in (0, 1)
+    assert "is above the memory of the profile's device" in capsys.readouterr().err
+    assert main(["classify", saved[0], "--budget", str(saved[1])]) in (0, 1)
+    assert "above the memory" not in capsys.readouterr().err

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from pooch_ext.commands._paths import FILE_HELP, check_distinct, output_file, png_file
 from pooch_ext.links import PRESETS
@@ -42,6 +43,11 @@ def load(args: argparse.Namespace) -> tuple[Profile, int, float]:
     check_distinct(args)
     profile = Profile.load(args.profile_dir)
     budget = require_budget(profile, args.budget)
+    capacity = int(profile.device.capacity_bytes)
+    if budget > capacity:       # allowed (what if the device were larger?), but said
+        print(f"pooch-ext: note: the budget, {format_bytes(budget)}, is above the memory of "
+              f"the profile's device ({profile.device.name}: {format_bytes(capacity)}); a plan "
+              "for it does not fit there", file=sys.stderr)
     return profile, budget, require_host_budget(profile, budget, args.host_budget)
 
 
