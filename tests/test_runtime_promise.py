@@ -757,15 +757,16 @@ def test_16_a_backward_pass_that_raises_and_is_skipped_leaves_later_iterations_p
     the failed iteration is left out (no new graph, no profile), the next runs the plan."""
     data = batches(9)
     probe = run(branchy(), _skipping_loop(data, -1), {"profile_iters": 2, "policy": None})
-    budget = budget_between(probe.pooch.profile, 0.3)
+    budget = budget_between(probe.pooch.profile, 0.5)
+    # swap-all: a plan that does not depend on measured times (the test is of the loop)
     plain, under = compare(branchy(), _skipping_loop(data, fails_at), profile_iters=2,
-                           budget=budget)
+                           budget=budget, policy="swap-all")
     assert identical(plain, under)
     iterations = under.pooch.iterations
     assert len(iterations) == len(data)
     # a failed first iteration is not learned from: profiling starts again after it
     planned = iterations.iloc[4 if fails_at == 0 else fails_at + 1:]
-    assert (planned.program == "pooch").all()
+    assert (planned.program == "swap-all").all()
     # the iteration after the failure also holds what the failed graph still retains until
     # the loop's next loss replaces it (plain Chainer too); after that, the budget holds
     assert (iterations.peak_bytes.iloc[max(fails_at + 2, 4):] <= budget).all()
