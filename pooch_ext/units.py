@@ -11,8 +11,8 @@ MAX_SECONDS = 1e6        # any op or copy time (11.6 days): beyond it, sums over
 _UNITS = {
     "": 1, "b": 1,
     "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,
-    "t": 1000**4, "tb": 1000**4,
-    "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4,
+    "t": 1000**4, "tb": 1000**4, "p": 1000**5, "pb": 1000**5,
+    "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4, "pib": 1024**5,
 }
 _PATTERN = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
 
@@ -28,10 +28,14 @@ def parse_bytes(text: str | int | float, allow_zero: bool = False) -> int:
             raise ValueError(f"not a byte size: {text!r} (examples: 16GiB, 500MB, 1e9)")
         value, unit = float(match.group(1)), match.group(2).lower()
     if unit not in _UNITS:
-        raise ValueError(f"unknown byte unit {unit!r} in {text!r} (use B, KB, MB, GB, KiB, MiB, GiB)")
+        raise ValueError(f"unknown byte unit {unit!r} in {text!r} (use B, KB, MB, GB, TB, PB, "
+                         "KiB, MiB, GiB, TiB, PiB)")
     scaled = value * _UNITS[unit]
     if not math.isfinite(scaled):
         raise ValueError(f"byte size must be a finite number: {text!r}")
+    if isinstance(text, str) and _UNITS[unit] == 1 and scaled != int(scaled):
+        # "0.5" was 0 ("must be positive"); a float computed in Python is rounded, as before
+        raise ValueError(f"a byte count is a whole number: {text!r} (or give a unit: 0.5GiB)")
     result = int(round(scaled))
     if result > MAX_BYTES:
         raise ValueError(f"byte size must be at most {MAX_BYTES} (8 PiB): {text!r}")

@@ -209,3 +209,20 @@ def test_a_budget_above_the_devices_memory_is_said(saved, capsys):
     assert "is above the memory of the profile's device" in capsys.readouterr().err
     assert main(["classify", saved[0], "--budget", str(saved[1])]) in (0, 1)
     assert "above the memory" not in capsys.readouterr().err
+
+
+def test_byte_sizes_as_a_user_types_them():
+    """A trial: '0.5' said 'must be positive' (it was rounded to 0), a host budget of '0.3'
+    became 0 silently, '8PiB' was refused though the stated limit, and the unit list left out
+    TB and TiB."""
+    from pooch_ext.units import MAX_BYTES, parse_bytes
+
+    for text in ("0.5", "0.3"):
+        for zero in (False, True):
+            with pytest.raises(ValueError, match="a byte count is a whole number"):
+                parse_bytes(text, allow_zero=zero)
+    assert parse_bytes("8PiB") == MAX_BYTES and parse_bytes("2TiB") == 2 * 1024**4
+    assert parse_bytes("1.5GiB") == 1536 * 1024**2 and parse_bytes("2.0") == 2
+    assert parse_bytes(0.4 * 1e9 + 0.3) == 400000000      # a float computed in Python: rounded
+    with pytest.raises(ValueError, match="TB, PB, KiB, MiB, GiB, TiB, PiB"):
+        parse_bytes("3XB")
