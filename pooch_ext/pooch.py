@@ -65,7 +65,7 @@ from pooch_ext.hooks.update_gate import UpdateGate
 from pooch_ext.hooks.runtime_device import RuntimeDevice
 from pooch_ext.links import Link, get_link
 from pooch_ext.plan import Plan
-from pooch_ext.pooch_results import PoochResults
+from pooch_ext.pooch_results import NOTHING_TRAINED, PoochResults
 from pooch_ext.runtime_profile import runtime_profile
 from pooch_ext.policies import fitting_plan, get_policy
 from pooch_ext.profile import Profile
@@ -154,19 +154,19 @@ class PoocH(PoochResults):
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        runtime = self.runtime
-        if self in _ACTIVE:
-            _ACTIVE.remove(self)
+        _ACTIVE[:] = [active for active in _ACTIVE if active is not self]
         self._gate.remove()
         if self._allreduce is not None:
             self._allreduce.remove()
         try:
             if exc_type is not None:
                 self._closing = True
-                runtime.abandon()
+                self.runtime.abandon()
                 if not self._updated and issubclass(exc_type, (PoochError, MemoryError)):
                     self._snapshot.restore()    # out of memory on a GPU, say: nothing changed
-            runtime.__exit__(exc_type, exc, tb)
+            self.runtime.__exit__(exc_type, exc, tb)
+            if exc_type is None and not self._trained:
+                self._say(NOTHING_TRAINED)
         finally:
             self.profiler.detach()
             self._closing = True

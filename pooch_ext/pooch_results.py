@@ -12,6 +12,12 @@ ITERATION_COLUMNS = ["iteration", "program", "wall_s", "compute_s", "peak_bytes"
                      "swap_ins", "recomputes", "frees", "splits", "on_demand", "deviation"]
 
 
+# said at the end of a ``with PoocH`` block in which no training iteration ran (prediction
+# only, say): the budget is checked on training iterations, so nothing was
+NOTHING_TRAINED = ("no training iteration ran (a forward pass, then backward): nothing was "
+                   "profiled, planned or checked against the budget")
+
+
 class PoochResults:
     """PoocH's read-only views of its plan and runtime (``plan``, ``profile``, ``runtime``,
     ``profiler``, ``budget_bytes`` and ``_graphs`` are PoocH's)."""

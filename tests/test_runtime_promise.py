@@ -21,6 +21,7 @@ from pooch_ext.errors import BudgetTooSmallError, PoochError
 from pooch_ext.hooks.cpu_device import CpuDevice
 from pooch_ext.hooks.model_state import grad_of
 from pooch_ext.testing import BranchyNet, make_optimizer, model_state, states_equal
+from pooch_ext import pooch_results
 from pooch_ext.pooch import PoocH
 from pooch_ext.sim.budgets import budget_between
 from conftest import tracked_device
@@ -862,3 +863,14 @@ def test_18_a_graph_that_comes_in_turn_starts_its_iteration_on_its_own_program()
     assert not [o for o in under.pooch.overruns if o["iteration"] >= 9]
     plain = ps.execute(situation, n_iters=20)
     assert ps.same_values(under.values, plain.values) and states_equal(under.state, plain.state)
+
+
+def test_a_block_without_training_says_nothing_was_checked():
+    """Prediction only under PoocH (a trial: 20 MiB held against a 1 MiB budget, nothing
+    said): the budget is checked on training iterations, and the block now says none ran."""
+    model = BranchyNet()
+    x, _ = batches(1)[0]
+    with PoocH(model, budget="1MiB", verbose=False, device=tracked_device()) as pooch:
+        with chainer.no_backprop_mode():
+            model(x)
+    assert pooch.messages == [pooch_results.NOTHING_TRAINED] and pooch.overruns == []
