@@ -66,6 +66,10 @@ def milp_bound(model: SimModel, budget: int | str, time_limit_s: float = 120.0) 
     if budget < minimum:
         raise BudgetTooSmallError(budget, minimum, "milp_bound")
     m, n, n_fwd = model.m, model.n, model.n_fwd
+    if m == 0:      # nothing to classify: the ops back to back (no program to solve)
+        return MilpBound(float(model.dur.sum()), True, np.zeros(0, np.int64),
+                         run(model, np.zeros(0, np.int64), "early", budget).time_s,
+                         time.perf_counter() - started, 0)
     width = 3 * m + 1 + (n + 1 - n_fwd)         # classes, T, arrival at each backward boundary
     rows = _time_rows(model)
     memory, room = _memory_rows(model, budget)

@@ -90,7 +90,8 @@ class PoochResults:
     @property
     def allocations(self) -> pd.DataFrame:
         """The device's malloc/free events of the profiled iterations, in program order, each
-        attributed to the op running (-1 between ops; backward ops have their own index)."""
+        attributed to the op running (-1 between ops; backward ops have their own index).
+        Empty on the CPU device with its counting allocator (it counts bytes, not blocks)."""
         from pooch_ext.hooks.allocator import EVENT_COLUMNS
 
         samples = self.profiler.samples if self.profiler is not None else []

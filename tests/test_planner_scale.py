@@ -300,3 +300,16 @@ def test_a_sweeps_plan_is_never_slower_than_pooch_alone_there():
     assert all(s.iteration_time_s <= a.iteration_time_s * (1 + 1e-12)
                for s, a in zip(swept, alone))
     assert swept[1].iteration_time_s <= swept[0].iteration_time_s
+
+
+def test_the_milp_bound_of_a_network_without_feature_maps_is_its_ops():
+    """A one-op chain has no map to classify: the bound's program had no columns and the
+    solve crashed (a TypeError) where classify and the exact search answered."""
+    from pooch_ext.analytic.synthetic import chain_profile
+    from pooch_ext.milp_bound import milp_bound
+
+    model = compile_profile(chain_profile([1e-3]), "pcie3")
+    assert model.m == 0
+    bound = milp_bound(model, 1 << 30)
+    assert bound.optimal and bound.bound_s == pytest.approx(float(model.dur.sum()))
+    assert bound.plan_time_s == pytest.approx(bound.bound_s)
