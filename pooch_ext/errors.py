@@ -45,9 +45,16 @@ class BudgetTooSmallError(PoochError):
         self.minimum_bytes = int(minimum_bytes)
         where = f" for {what}" if what else ""
         super().__init__(
-            f"budget {format_bytes(budget_bytes)} is below the minimum any plan can reach{where}: "
-            f"{format_bytes(minimum_bytes)} ({minimum_bytes} bytes)"
+            f"budget {_apart(budget_bytes, minimum_bytes)} is below the minimum any plan can "
+            f"reach{where}: {format_bytes(minimum_bytes)} ({minimum_bytes} bytes)"
         )
+
+
+def _apart(nbytes: int, minimum: int) -> str:
+    """``nbytes`` as people read it, with its bytes where that reads the same as ``minimum``
+    ('budget 4.01 KiB is below the minimum ...: 4.01 KiB' said nothing)."""
+    shown = format_bytes(nbytes)
+    return shown + (f" ({int(nbytes)} bytes)" if shown == format_bytes(minimum) else "")
 
 
 class HostBudgetTooSmallError(BudgetTooSmallError):
@@ -60,7 +67,7 @@ class HostBudgetTooSmallError(BudgetTooSmallError):
         super().__init__(host_budget_bytes, minimum_bytes, what)
         self.device_budget_bytes = int(device_budget_bytes)
         where = f" for {what}" if what else ""
-        self.args = (f"host budget {format_bytes(host_budget_bytes)} is below the least host "
+        self.args = (f"host budget {_apart(host_budget_bytes, minimum_bytes)} is below the least host "
                      f"memory a plan within the device budget {format_bytes(device_budget_bytes)} "
                      f"needs{where}: {format_bytes(minimum_bytes)} ({minimum_bytes} bytes)",)
 

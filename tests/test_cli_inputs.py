@@ -226,3 +226,13 @@ def test_byte_sizes_as_a_user_types_them():
     assert parse_bytes(0.4 * 1e9 + 0.3) == 400000000      # a float computed in Python: rounded
     with pytest.raises(ValueError, match="TB, PB, KiB, MiB, GiB, TiB, PiB"):
         parse_bytes("3XB")
+
+
+def test_a_refusal_one_byte_short_shows_the_bytes_that_differ():
+    """'budget 4.01 KiB is below the minimum ...: 4.01 KiB (4104 bytes)' said nothing."""
+    from pooch_ext.errors import BudgetTooSmallError, HostBudgetTooSmallError
+
+    assert "budget 4.01 KiB (4103 bytes) is below" in str(BudgetTooSmallError(4103, 4104))
+    assert "budget 2 GiB is below" in str(BudgetTooSmallError(2 << 30, 5 << 30))
+    assert "(1546188225 bytes) is below" in str(
+        HostBudgetTooSmallError(1546188225, 1546188226, 1 << 34))
