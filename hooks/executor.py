@@ -3,15 +3,13 @@ a plan inside Chainer").
 
 The executor is a GraphRecorder, so it sees the same op indices and tensor ids as the profile
 the plan was made from. At every op boundary it runs the schedule's actions for that boundary
-(swap_out, release, swap_in, wait, recompute, free: hooks/map_actions.py does them). Forward
-boundary b runs when op b begins (op b-1 is resolved by then); backward boundary j+1 runs as
-soon as backward op j ends, so frees happen early.
+(hooks/map_actions.py does them). Forward boundary b runs when op b begins; backward boundary
+j+1 as backward op j ends, so frees happen early (its recomputes as op j+1 begins).
 
 An iteration is in one of three modes (``mode``): *scheduled* while it follows its program;
 *on demand* without a program (the first profiling iteration) or once its graph deviated
-(a different function, tensors or shapes, or backward order: checked at every op;
-PoocH re-profiles), where hooks/ondemand.py decides; *passive* for a loop PoocH cannot plan
-(every dropped map comes back). A profiler (hooks/profiler.py) is attached while profiling.
+(checked at every op; PoocH re-profiles), where hooks/ondemand.py decides; *passive* for a
+loop PoocH cannot plan (every dropped map comes back). A profiler is attached while profiling.
 """
 from __future__ import annotations
 
@@ -114,6 +112,7 @@ class Executor(GraphRecorder):
         self.head_peak = 0
         self._pending_in_data: tuple | None = None
         self._input_bases: set[int] = set()
+        self._lazy: list = []          # parameters not made yet (lazily initialised links)
         # what this iteration did to feature maps: its schedule, as (boundary, action, tensor,
         # host seconds, whether it waited for a copy); seconds NaN where not timed (on demand)
         self.executed: list[tuple[int, str, int, float, bool]] = []
@@ -257,16 +256,16 @@ class Executor(GraphRecorder):
         self.passive = False
         self.maps.reset()
         self.on_demand.reset()
-        self._input_bases = set()
-        self.executed = []
+        self._input_bases, self.executed = set(), []
         self._next_boundary = self._next_action = 0
         if self.model is not None and (self.iteration < 4 or self.iteration % 64 == 0):
-            # gradients count from the start; optimizer state appears at the first update
+            # gradients and optimizer state count from the start, a parameter a link makes on
+            # its first call (L.Linear(None, n)) from then (on_forward_resolved)
             self.device.note_resident(self.model)
+            self._lazy = [p for p in self.model.params() if p.array is None]
         if self.program is None:
             self._unbudgeted()              # nothing planned this iteration's memory
-        # before the first op: what ran since PoocH began (a teacher's forward, the batch
-        # made), which later iterations run after the last op (the profiler's tail)
+        # before the first op: what ran since PoocH began (later ones: the profiler's tail)
         self.head_peak = int(self.device.peak) if self.iteration == 0 else 0
         self.device.reset_peak()
         self.stats.started = time.perf_counter()
@@ -347,13 +346,14 @@ class Executor(GraphRecorder):
                           "its input, but something else refers to that array now")
 
     def on_forward_resolved(self, index: int, function: Any) -> None:
+        if self._lazy and any(p.array is not None for p in self._lazy):   # made by this op
+            self.device.note_resident(self.model)
+            self._lazy = [p for p in self._lazy if p.array is None]
         op = self.trace.ops[index]
         in_data, self._pending_in_data = self._pending_in_data, None
         # a profiler times the op's recomputation on its inputs (and holds them until then)
         rerun_inputs = in_data if self.profiler is not None else None
-        program = self.program
-        tensors = self.trace.tensors
-        maps = self.maps
+        program, tensors, maps = self.program, self.trace.tensors, self.maps
         for node, array in zip(function.inputs, in_data or ()):
             tag = getattr(node, TAG, None)
             if tag is None or tag[0] is not self._serial or tensors[tag[1]].producer >= 0:

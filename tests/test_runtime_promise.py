@@ -874,3 +874,46 @@ def test_a_block_without_training_says_nothing_was_checked():
         with chainer.no_backprop_mode():
             model(x)
     assert pooch.messages == [pooch_results.NOTHING_TRAINED] and pooch.overruns == []
+
+
+class _LazyHead(chainer.Chain):
+    """Two convolutions and a Linear whose input size it learns on its first call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        with self.init_scope():
+            self.c1 = L.Convolution2D(3, 8, 3, pad=1)
+            self.c2 = L.Convolution2D(8, 8, 3, pad=1)
+            self.fc = L.Linear(None, 10)
+
+    def forward(self, x):
+        return self.fc(F.relu(self.c2(F.relu(self.c1(x)))))
+
+
+def test_19_a_parameter_made_on_the_first_call_counts_from_then():
+    """L.Linear(None, n) makes its weight in the first forward: the device counted it as
+    an activation and never its optimizer state (the model had it from the start), which
+    hid what the first iteration held beyond the model. A user's loop copying its batch
+    each iteration was accepted at 2010816 bytes and every later iteration held 2046212."""
+    rng = np.random.RandomState(0)
+    X, T = rng.rand(64, 3, 16, 16).astype(np.float32), rng.randint(0, 10, 64).astype(np.int32)
+
+    def loop(models, optimizers, out):
+        (model,), (optimizer,) = models, optimizers
+        for i in range(7):
+            x, t = X[16 * (i % 4):16 * (i % 4) + 16].copy(), T[16 * (i % 4):16 * (i % 4) + 16]
+            loss = F.softmax_cross_entropy(model(x), t.copy())
+            model.cleargrads()
+            loss.backward()
+            optimizer.update()
+            out.losses.append(float(loss.array))
+
+    def build():
+        model = _LazyHead()
+        return [model], [make_optimizer(model, "momentum")]
+    measured = {"device": None, "link": "cpu", "verbose": False}
+    probe = run(build, loop, {**measured, "budget": 1})
+    assert isinstance(probe.error, BudgetTooSmallError)
+    plain, under = compare(build, loop, budget=probe.error.minimum_bytes, **measured)
+    assert identical(plain, under)
+    assert under.pooch.plan is not None and not under.pooch.overruns
