@@ -67,6 +67,7 @@ def refine(model: SimModel, codes: np.ndarray, budget: int, max_simulations: int
     if 9 * model.m * (model.m - 1) // 2 <= limit:
         phases.append(None)      # any two maps, built only if reached
     tried: set[bytes] = set()   # a trial that did not win once never will: best only falls
+    allowed = model.can.tolist()
     for groups in phases:
         if best_time <= floor or ev.stats.simulations - first_simulation >= limit:
             break
@@ -75,7 +76,7 @@ def refine(model: SimModel, codes: np.ndarray, budget: int, max_simulations: int
             groups += _windows(model, 3)
         slots = _moves(model, groups)
         pos = since = 0
-        base = _Base(model, codes, budget)
+        base = _Base(model, codes, budget, allowed)
         while since < len(slots) and best_time > floor:
             if ev.stats.simulations - first_simulation >= limit:
                 break
@@ -96,7 +97,7 @@ def refine(model: SimModel, codes: np.ndarray, budget: int, max_simulations: int
             t = ev.time(trial, cutoff=best_time * (1 - 1e-9))
             if t < best_time * (1 - 1e-9):
                 codes, best_time, since = trial, t, 0
-                base = _Base(model, codes, budget)
+                base = _Base(model, codes, budget, allowed)
     stats.refine_simulations += ev.stats.simulations - first_simulation
     stats.seconds += time.perf_counter() - started
     return codes, stats
@@ -131,13 +132,14 @@ class _Base:
     """The classes the refinement moves from, and their keep room (made when first asked:
     a demotion to swap changes no lifetime, so its room is this one less the map's hole)."""
 
-    def __init__(self, model: SimModel, codes: np.ndarray, budget: int) -> None:
+    def __init__(self, model: SimModel, codes: np.ndarray, budget: int,
+                 allowed: list[list[bool]]) -> None:
         self.model, self.codes, self.budget = model, codes, budget
         self._room: KeepRoom | None = None
-        # plain lists: most moves are ruled out by a class or two, and NumPy scalars one at a
-        # time would cost more than the test
+        # plain lists (``allowed``: model.can's, made once per refine): most moves are ruled
+        # out by a class or two, and NumPy scalars one at a time cost more than the test
         self.classes: list[int] = codes.tolist()
-        self.allowed: list[list[bool]] = model.can.tolist()
+        self.allowed = allowed
 
     def room(self) -> KeepRoom:
         if self._room is None:

@@ -230,11 +230,9 @@ class _Run:
                                  f"{int(self.budget)}")
             sync_now = []
             if n_fwd <= b < n and self.qpos < n_queue:
-                head, blocked = queue[self.qpos], self.blocked    # blocked: see _room
-                if vdnn or first_at[head] == b or (
-                        target[head] <= b and released[head] and not (
-                            blocked[0] == head and blocked[1] >= b
-                            and blocked[2] == self.releases)):
+                head = queue[self.qpos]
+                if vdnn or first_at[head] == b or (target[head] <= b and released[head]
+                                                   and not self._still_blocked(head, b)):
                     sync_now = self._swap_ins(b)
             if b in rc_at or b in op_wait_at or sync_now or self.sync_prev:   # else nothing
                 self._recomputes_and_waits(b, sync_now)
@@ -379,13 +377,17 @@ class _Run:
                                  f"{self.so_s[i]!r} s)")
         return True
 
+    def _still_blocked(self, i: int, b: int) -> bool:
+        """Map i was blocked by a peak still ahead of b with no release since: it still is
+        (swap-ins only add bytes)."""
+        blocked = self.blocked
+        return blocked[0] == i and blocked[1] >= b and blocked[2] == self.releases
+
     def _room(self, i: int, b: int) -> bool:
-        """Whether map i fits from boundary b to its last use. A map blocked by a peak that
-        is still ahead, with no release since, is still blocked (swap-ins only add bytes)."""
+        """Whether map i fits from boundary b to its last use."""
         if self.unlimited:
             return True
-        blocked = self.blocked
-        if blocked[0] == i and blocked[1] >= b and blocked[2] == self.releases:
+        if self._still_blocked(i, b):
             return False
         window = self.top[b:self.end_at[i]]
         k = int(window.argmax())
