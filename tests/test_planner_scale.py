@@ -262,6 +262,24 @@ def test_the_milp_bound_is_below_the_optimum_and_the_optimum_below_pooch(seed, f
         assert bound.plan_time_s >= best.time_s * (1 - 1e-9)
 
 
+@pytest.mark.parametrize("seed,fraction", [(9, 0.25), (9, 0.1), (8, 0.1)])
+def test_the_milp_bound_counts_maps_still_copying(seed, fraction):
+    """A swapped map holds the device until its swap-out is done and from its swap-in's
+    start, and a link moves so many bytes a second: without that, the bound of this case
+    was 0.898 of the optimum (ResNet-50 b512 pcie3 at 0.4 of in-core: pooch 4.5% above
+    it; with it 1.5%). Still below the optimum, well above the old bound."""
+    from pooch_ext.exact import exact_best
+    from pooch_ext.milp_bound import milp_bound
+
+    profile = random_profile(seed, n_layers=9)
+    budget = budget_between(profile, fraction)
+    model = compile_profile(profile, "pcie3")
+    best = exact_best(model, budget).time_s
+    bound = milp_bound(model, budget, time_limit_s=30)
+    assert bound.optimal
+    assert 0.93 * best <= bound.bound_s <= best * (1 + 1e-9)
+
+
 def test_the_milp_bound_refuses_a_budget_no_plan_fits_and_reads_budget_strings():
     from pooch_ext.milp_bound import milp_bound
 
