@@ -40,6 +40,7 @@ PRIVATE_NAMES: tuple[tuple[str, str | None, str], ...] = (
     ("chainer.variable", "VariableNode", "_data"),
     ("chainer.variable", "Variable", "_data"),
     ("chainer.variable", "Variable", "_grad_valid"),
+    ("chainer.variable", "Variable", "_set_grad_without_check"),
     ("chainer.function_node", "FunctionNode", "_retained_output_data"),
     ("chainer.function_node", "FunctionNode", "_input_indexes_to_retain"),
     ("chainer.function_node", "FunctionNode", "_output_indexes_to_retain"),
@@ -197,6 +198,12 @@ def grad_valid(param: Any) -> bool:
 
 def set_grad_valid(param: Any, valid: bool) -> None:
     param._grad_valid = valid
+
+
+def set_grad_unchecked(param: Any, grad: Any) -> None:
+    """Put a gradient back as it was, past the setter's dtype check: a parameter whose
+    array was cast by hand keeps a gradient of the old dtype, which ``grad =`` refuses."""
+    param._set_grad_without_check(grad)
 
 
 def link_hooks() -> dict:

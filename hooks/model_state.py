@@ -15,8 +15,8 @@ import pooch_ext  # noqa: F401  (chainer import compat)
 import chainer
 
 from pooch_ext.hooks.chainer_refs import (fp32_master, grad_valid, optimizer_state,
-                                          persistent_names, set_fp32_master, set_grad_valid,
-                                          set_optimizer_state)
+                                          persistent_names, set_fp32_master, set_grad_unchecked,
+                                          set_grad_valid, set_optimizer_state)
 
 
 def base_of(array: Any) -> Any:
@@ -174,8 +174,11 @@ class ModelSnapshot:
         for param, array, (valid, grad) in self.params:
             # a lazily initialised parameter the failed attempt initialised goes back to None
             param.array = None if array is None else self._put(param.array, array)
-            param.grad = None if grad is None or param.array is None else \
-                chainer.backend.get_device_from_array(param.array).send(grad)
+            if grad is None or param.array is None:
+                param.grad = None
+            else:   # unchecked: a hand-cast array's gradient keeps its old dtype
+                set_grad_unchecked(param, chainer.backend.get_device_from_array(
+                    param.array).send(grad))
             set_grad_valid(param, valid)
         for link, name, value in self.persistent:
             current = link.__dict__[name]

@@ -718,6 +718,22 @@ def test_15_float64_by_f_cast_or_by_hand_trains_as_plain_chainer(cast_by_hand):
     assert identical(plain, under) and moved(under) > 0
 
 
+def test_15_a_refusal_puts_back_gradients_of_another_dtype():
+    """Parameters cast to float16 by assigning their arrays keep Chainer's float32 NaN
+    gradients; the refusal's restore set those back through the setter's dtype check, which
+    raised a TypeError instead of the refusal (the minimum never reported) and left the
+    gradients of the refused run."""
+    def build() -> tuple:
+        model = chainer.Sequential(L.Linear(12, 16), F.relu, L.Linear(16, 5))
+        for param in model.params():
+            param.array = param.array.astype(np.float16)
+        return [model], [make_optimizer(model, "momentum")]
+    data = [(x.reshape(4, -1).astype(np.float16), t) for x, t in batches(3, shape=(3, 2, 2))]
+    _, under = compare(build, standard_loop(data), budget=1, profile_iters=2)
+    assert isinstance(under.error, BudgetTooSmallError), under.error
+    assert refused_cleanly(build, under)
+
+
 class _Tripwire(chainer.FunctionNode):
     """The identity, whose backward raises when told to (a user's check in backward)."""
 
