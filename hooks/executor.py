@@ -97,9 +97,9 @@ class Executor(GraphRecorder):
         # run with backprop off (an evaluation), which no plan governs at any time
         self.on_demand_split: Callable[[Any, tuple], tuple[int, int] | None] | None = None
         self.unrecorded_split: Callable[[Any, tuple], tuple[int, int] | None] | None = None
-        # (that function, its incoming gradients) as its backward begins: a split's backward
-        # checks are made there, before the op's clock starts
-        self.on_demand_backward: Callable[[Any, tuple], None] | None = None
+        # (that function, its incoming gradients, its pieces) as its backward begins: the
+        # pieces it then runs in, its backward's chosen there, before the op's clock starts
+        self.on_demand_backward: Callable[[Any, tuple, tuple], tuple[int, int]] | None = None
         self._out_grad: tuple = ()       # the backward op's incoming gradients, while it begins
         self.profiler: Profiler | None = None     # attached while profiling (its attach())
         self.history: list[IterationStats] = []
@@ -124,8 +124,7 @@ class Executor(GraphRecorder):
 
     def abandon(self) -> None:
         """Forget the iteration in progress (after an error): nothing more is run for it."""
-        self.trace = None
-        self._pending = None
+        self.trace = self._pending = None
 
     @property
     def timed_transfers(self) -> bool:
@@ -391,7 +390,8 @@ class Executor(GraphRecorder):
         self.device.check("backward op", index, function)
         if (self.mode == ON_DEMAND and fwd_index in self.stats.splits
                 and self.on_demand_backward is not None):
-            self.on_demand_backward(function, self._out_grad)
+            ran = self.stats.splits
+            ran[fwd_index] = self.on_demand_backward(function, self._out_grad, ran[fwd_index])
         if self.profiler is not None:
             self.profiler.backward_began(index, fwd_index, self._out_grad)
 

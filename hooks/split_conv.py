@@ -94,10 +94,16 @@ def whole_backward(function: Any) -> None:
     """From now on ``function``'s backward runs whole, as Chainer's (its forward ran split or
     not): a later backward pass over the same graph (``chainer.grad``, then ``backward``)
     runs after the op's last one the plan knows of, where no split of it is planned."""
+    backward_in(function, 1)
+
+
+def backward_in(function: Any, pieces: int) -> None:
+    """From now on a split ``function``'s backward runs in ``pieces`` (1: whole); an
+    unsplit one is left as it is."""
     split_state = getattr(function, "_pooch_split", None)
     if split_state is not None:
         config, checked = split_state
-        function._pooch_split = (replace(config, input_grad=1, weight_grad=1), checked)
+        split(function, replace(config, input_grad=pieces, weight_grad=pieces), checked)
 
 
 def _backward(self: Any, indexes: tuple, grad_outputs: tuple) -> list:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from pooch_ext.analytic.tracing import analytic_profile
-from pooch_ext.errors import ProfileError
+from pooch_ext.errors import BudgetTooSmallError, ProfileError
 from pooch_ext.hooks.cpu_device import CpuDevice
 from pooch_ext.plan import Plan
 from pooch_ext.policies import POLICIES, classify
@@ -327,3 +327,40 @@ def test_a_first_iteration_run_split_is_profiled_as_the_whole_ops_it_stands_for(
     # temporary was seen to differ), where a check inside the op had added megabytes
     assert np.allclose(split_ops.transient_bytes, whole_ops.transient_bytes, rtol=0, atol=64)
     assert abs(minimum_budget(split_run.profile) - minimum_budget(whole_run.profile)) <= 64
+
+
+class _FourConvs(chainer.Chain):
+    """A user's CNN whose weight gradients are not exact in as many pieces as the first
+    iteration asks for (32 over input channels) but are in fewer."""
+
+    def __init__(self) -> None:
+        import chainer.links as L
+        super().__init__()
+        with self.init_scope():
+            self.c1, self.c2 = L.Convolution2D(3, 16, 3, pad=1), L.Convolution2D(16, 16, 3, pad=1)
+            self.c3, self.c4 = L.Convolution2D(16, 32, 3, pad=1), L.Convolution2D(32, 32, 3, pad=1)
+            self.fc = L.Linear(32 * 4 * 4, 10)
+
+    def forward(self, x):
+        h = F.max_pooling_2d(F.relu(self.c2(F.relu(self.c1(x)))), 2)
+        return self.fc(F.max_pooling_2d(F.relu(self.c4(F.relu(self.c3(h)))), 2))
+
+
+def test_a_first_iteration_backward_runs_in_pieces_that_are_exact():
+    """The first iteration's backward asked a weight gradient for 32 pieces, which round
+    differently from whole, so it ran whole: the user's first iteration held 12.3 MB, its
+    whole in-core need and 3.0 times the budget it was accepted at (later ones held it).
+    The backward now runs in the measured count that holds least (8 pieces there)."""
+    batches = synthetic_batches(3, 32, (3, 16, 16), 10)
+    plain, plain_state = trained(_FourConvs, batches)
+    with pytest.raises(BudgetTooSmallError) as refused:
+        trained(_FourConvs, batches, dict(profile_iters=2, device=CpuDevice(), verbose=False,
+                                          budget=1))
+    budget = refused.value.minimum_bytes
+    result, state = trained(_FourConvs, batches, dict(profile_iters=2, device=CpuDevice(),
+                                                      verbose=False, budget=budget))
+    runs = result.pooch.iterations
+    assert runs.program[0] == "on-demand" and runs.splits[0] > 0
+    assert (runs.peak_bytes <= budget).all() and not result.pooch.overruns
+    assert result.pooch.profile.incore_peak_bytes > 2 * budget
+    assert result.losses == plain.losses and states_equal(state, plain_state)
