@@ -14,7 +14,6 @@ loop PoocH cannot plan (every dropped map comes back). A profiler is attached wh
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
 import pooch_ext  # noqa: F401  (chainer import compat)
@@ -24,6 +23,7 @@ from pooch_ext.hooks.ended_graphs import let_go, refuse_stale_backward
 from pooch_ext.hooks.function_nodes import TAG
 from pooch_ext.hooks.graph import GraphRecorder
 from pooch_ext.hooks.inplace_relu import alone, as_chainer, write_over_input
+from pooch_ext.hooks.iteration_stats import IterationStats
 from pooch_ext.hooks.map_actions import MapActions
 from pooch_ext.hooks.model_state import base_of, model_arrays
 from pooch_ext.hooks.ondemand import OnDemand
@@ -43,28 +43,6 @@ SCHEDULED, ON_DEMAND, PASSIVE = "scheduled", "on demand", "passive"
 # where the device checks what ran after an iteration's last op (the update, the loop's code)
 AFTER_LAST_OP = "the step after the iteration's last op"
 
-@dataclass
-class IterationStats:
-    """What the executor did in one iteration."""
-
-    iteration: int
-    program: str = ""
-    deviation: str = ""
-    swap_outs: int = 0
-    swap_ins: int = 0
-    recomputes: int = 0
-    frees: int = 0
-    encodes: int = 0
-    decodes: int = 0
-    inplace: int = 0              # forward ops that wrote over their input
-    on_demand: int = 0
-    peak_bytes: int = 0
-    started: float = 0.0                             # perf_counter at the first forward op
-    finished: float = 0.0                            # perf_counter after the last backward op
-    transfers: list = field(default_factory=list)    # (tensor, Transfer) of this iteration
-    splits: dict = field(default_factory=dict)       # forward op -> (forward, backward) pieces
-
-
 class Executor(GraphRecorder):
     """Replay ``program`` (set it with ``use(program)``) at op boundaries on ``device``."""
 
@@ -82,8 +60,7 @@ class Executor(GraphRecorder):
             device.note_resident(model)
         self.program: Program | None = None
         self.on_deviation = on_deviation
-        self.iteration_done = iteration_done
-        self.backward_done = backward_done
+        self.iteration_done, self.backward_done = iteration_done, backward_done
         self.link_added = link_added
         self.on_unsupported_run: Callable[[str], None] | None = None
         self.catalog: Callable[[], list[Program]] = lambda: []   # programs to switch to
@@ -122,8 +99,12 @@ class Executor(GraphRecorder):
         """Replay ``program`` from the next iteration on (None: work on demand only)."""
         self._queued = (program,)
 
-    def abandon(self) -> None:
-        """Forget the iteration in progress (after an error): nothing more is run for it."""
+    def abandon(self, restore: bool = False) -> None:
+        """Forget the iteration in progress (after an error): nothing more is run for it.
+        ``restore`` (a refusal): what it swapped of a graph the loop still refers to comes
+        back first, as plain Chainer's graph is whole there (an LSTM's state leads into it)."""
+        if restore and self.trace is not None:
+            self.on_demand.restore_all(copies_only=True)
         self.trace = self._pending = None
 
     @property
@@ -134,9 +115,8 @@ class Executor(GraphRecorder):
     @property
     def mode(self) -> str:
         """How the iteration in progress treats its maps: SCHEDULED, ON_DEMAND or PASSIVE."""
-        if self.passive:
-            return PASSIVE
-        return ON_DEMAND if self.program is None or self.deviation else SCHEDULED
+        return PASSIVE if self.passive else \
+            ON_DEMAND if self.program is None or self.deviation else SCHEDULED
 
     # ------------------------------------------------------------ the schedule
     def _run_until(self, boundary: int, recomputes: bool = True) -> None:

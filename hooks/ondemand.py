@@ -108,12 +108,14 @@ class OnDemand:
                 self.executor.log_action("release", tensor, boundary)
         self.after_op = []
 
-    def restore_all(self, tensors: Any = None) -> None:
+    def restore_all(self, tensors: Any = None, copies_only: bool = False) -> None:
         """Bring back every map this iteration dropped whose graph is still referenced (only
-        ``tensors`` when given): what remains of the iteration runs as plain Chainer would."""
+        ``tensors`` when given; ``copies_only``: only those with a copy to come back from):
+        what remains of the iteration runs as plain Chainer would."""
         maps = self.executor.maps
         for tensor, slot in list(maps.slots.items()):
-            if tensors is not None and tensor not in tensors:
+            if tensors is not None and tensor not in tensors or \
+                    copies_only and slot.state == "freed":
                 continue
             if slot.state == "device" or not (slot.dropped_node or slot.dropped_retained):
                 if slot.state == "incoming":

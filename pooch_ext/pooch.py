@@ -247,7 +247,7 @@ class PoocH(PoochResults):
     def _refuse(self, error: BaseException) -> None:
         """Raise ``error`` with everything put back as it was before PoocH began."""
         self._closing = True
-        self.runtime.abandon()
+        self.runtime.abandon(restore=True)
         self._snapshot.restore()
         raise error
 

@@ -933,3 +933,55 @@ def test_19_a_parameter_made_on_the_first_call_counts_from_then():
     plain, under = compare(build, loop, budget=probe.error.minimum_bytes, **measured)
     assert identical(plain, under)
     assert under.pooch.plan is not None and not under.pooch.overruns
+
+
+# ---------------------------------------------------------------- 20: a refused graph stays whole
+
+class _Tbptt(chainer.Chain):
+    """An LSTM whose state carries from one iteration to the next (truncated BPTT)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        with self.init_scope():
+            self.emb, self.rnn, self.out = L.Linear(8, 16), L.LSTM(16, 16), L.Linear(16, 8)
+
+    def forward(self, x):
+        return self.out(self.rnn(F.tanh(self.emb(x))))
+
+
+def _tbptt_loss(model, seq: np.ndarray, k: int):
+    return sum(F.mean_squared_error(model(seq[3 * k + t]), seq[3 * k + t + 1]) for t in range(3))
+
+
+def _tbptt_iteration(model, optimizer, seq: np.ndarray, k: int) -> float:
+    loss = _tbptt_loss(model, seq, k)
+    model.cleargrads()
+    loss.backward()
+    loss.unchain_backward()
+    optimizer.update()
+    return float(loss.array)
+
+
+def test_20_a_refused_iteration_leaves_the_graph_a_link_still_holds_whole():
+    """A truncated-BPTT loop refused at the end of its first backward: the loop's unchain
+    never ran, so the LSTM's state still leads into that graph, whose saved arrays PoocH had
+    swapped out. Training on without PoocH then failed inside Chainer (a TypeError in the
+    LSTM's backward), where plain Chainer, after the same iteration stopped at the same
+    point, goes on. What the refused iteration dropped comes back as it is abandoned."""
+    seq = np.random.RandomState(5).rand(13, 4, 8).astype(np.float32)
+
+    def fresh() -> tuple:
+        np.random.seed(0)
+        model = _Tbptt()
+        return model, make_optimizer(model, "adam")
+    model, optimizer = fresh()
+    model.cleargrads()
+    _tbptt_loss(model, seq, 0).backward()          # stopped where the refusal stops it
+    plain = [_tbptt_iteration(model, optimizer, seq, k) for k in (1, 2, 3)]
+    plain_state = model_state(model, optimizer)
+    model, optimizer = fresh()
+    with pytest.raises(BudgetTooSmallError):
+        with PoocH(model, budget=1, device=tracked_device(), verbose=False):
+            _tbptt_iteration(model, optimizer, seq, 0)
+    after = [_tbptt_iteration(model, optimizer, seq, k) for k in (1, 2, 3)]
+    assert after == plain and states_equal(model_state(model, optimizer), plain_state)
