@@ -189,8 +189,10 @@ def _modelled(profile: Profile, samples: list[IterationSample]) -> Iterator[tupl
         # maps the model classifies, at the graph's boundaries (others are modelled events)
         schedule = ran[ran["tensor"].isin(maps) & (ran["boundary"] <= profile.n_ops)]
         predicted = schedule_memory(profile, schedule, _ran_configs(profile, sample))
-        cleared = sum(nbytes for nbytes, _, _ in cleared_gradients(sample.trace, [sample])) \
-            if sample.first else 0
+        # gradients the first iteration held through its forward already (Chainer's NaN
+        # ones, a loop clearing them after its forward) are not what a later one adds
+        cleared = sum(nbytes for nbytes, _, in_forward in cleared_gradients(sample.trace, [sample])
+                      if not in_forward) if sample.first else 0
         yield sample, predicted, carried_bytes(profile, sample, predicted, cleared)
 
 
