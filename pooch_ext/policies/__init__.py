@@ -37,6 +37,7 @@ POLICIES = {
     "vdnn-dyn": "pooch_ext.policies.vdnn_dyn",
     "sqrt-n": "pooch_ext.policies.sqrt_n",
     "pooch-paper": "pooch_ext.policies.pooch_paper",
+    "pooch-milp": "pooch_ext.policies.pooch_milp",
 }
 POLICY_NAMES = tuple(POLICIES)
 
