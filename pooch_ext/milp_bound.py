@@ -167,9 +167,9 @@ def _copy_memory_rows(model: SimModel, room: np.ndarray) -> tuple[list[tuple[dic
     swap-out is done, and comes back when its swap-in starts, and each engine moves at most
     ``bandwidth`` bytes a second (its fastest copy's), one copy at a time.
 
-    * Forward boundary b: of the swapped maps no op from b on reads, at most bandwidth x
-      (compute's arrival at b - the earliest of their swap-outs' starts) bytes are released
-      by then; the rest are on the device during op b.
+    * Forward op b: of the swapped maps no op from b on reads, at most bandwidth x (op b's
+      start - the earliest of their swap-outs' starts) bytes are released by then; the rest
+      are on the device during op b.
     * Backward boundary q and a later need q2: the swapped maps first needed after q up to
       q2 that are not on the device during op q are all copied in after op q, before op q2
       starts: at most bandwidth x (A[q2 + 1] - dur[q2] - A[q + 1]) bytes of them.
