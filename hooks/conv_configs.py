@@ -61,8 +61,11 @@ class ConvCall:
 
 
 def conv_call(function: Any, in_data: tuple) -> ConvCall | None:
-    """The call of ``function`` on ``in_data`` if it can run split, else None."""
-    if split_conv.not_splittable(function) or len(in_data) < 2:
+    """The call of ``function`` on ``in_data`` if it can run split, else None (also where
+    an input's layout has no probe to check a split's exactness on: a flipped view's
+    negative strides, as ``x[..., ::-1]`` gives)."""
+    if split_conv.not_splittable(function) or len(in_data) < 2 or \
+            not all(split_exact.probeable(split_exact.layout(a)) for a in in_data[:3]):
         return None
     x, W = in_data[0], in_data[1]
     nd = type(function) is ConvolutionND
@@ -108,7 +111,10 @@ def measured_configs(call: ConvCall, device: Any, parts: tuple[str, ...] = PARTS
             "backward": ("backward", call, how)}
     missing = tuple(part for part in parts if keys[part] not in _MEASURED)
     if missing:
-        with counter.apart() if counter is not None else nullcontext():
+        # probes span 2**-8 .. 2**8: their products may overflow a float16, which is the
+        # probes' business, not the user's (np.seterr(over="raise") had stopped training)
+        with counter.apart() if counter is not None else nullcontext(), \
+                numpy.errstate(all="ignore"):
             found = measure(call, device.xp, counter, parts=missing)
         for part, configs in zip(PARTS, found):
             if part in missing:
@@ -264,27 +270,40 @@ class FirstIterationSplits:
 
     def _measured(self, call: ConvCall | None) -> tuple[int, int] | None:
         """``first_iteration_pieces`` of ``call`` (None: not a convolution), the forward's
-        measured (and checked exact) before the op runs."""
+        measured (and checked exact) before the op runs, and run in the measured count that
+        holds least (``_least``: asked for more pieces than are exact, a 3D convolution's
+        forward ran whole, 2.8 times a user's budget at batch 2)."""
         pieces = None if call is None else first_iteration_pieces(call, self.budget_bytes)
         if pieces is not None:
-            measured_configs(call, self.device, parts=("forward",))
+            forward, _ = measured_configs(call, self.device, parts=("forward",))
+            pieces = (_least(forward), pieces[1])
         return pieces
 
     def backward(self, function: Any, out_grad: tuple, pieces: tuple[int, int]
                  ) -> tuple[int, int]:
         """The (forward, backward) pieces ``function`` (split as ``pieces``) runs in, its
         backward's chosen on the gradient it receives: of the counts measured there, the
-        one that holds least. A part not exact in as many pieces as asked runs whole (a
+        one that holds least (``_least``). A part not exact in as many pieces as asked runs whole (a
         weight gradient split 32 ways over input channels rounds differently: a user's
         first iteration held 3.0 times its budget); fewer pieces may be exact and hold far
         less. Measured and run alike, so the profile still tells the whole op's memory."""
         call = self._calls.pop(id(function), None)
         if call is None or not out_grad or out_grad[0] is None:
             return pieces
+        if not split_exact.probeable(split_exact.layout(out_grad[0])):
+            split_conv.backward_in(function, 1)     # nothing to check its pieces on
+            return pieces[0], 1
         _, backward = measured_configs(with_gradient(call, out_grad[0]), self.device)
-        least = min(backward, key=lambda config: (config[1], config[0]))[0] if backward else 1
+        least = _least(backward)
         split_conv.backward_in(function, least)
         return pieces[0], least
+
+
+def _least(configs: list[Config]) -> int:
+    """The piece count of ``configs`` whose scratch is least (the fewest pieces among
+    equals); 1 (whole) where none holds less than whole. A count whose split is not exact
+    runs whole and is measured so, so the least is one that is exact."""
+    return min(configs, key=lambda config: (config[1], config[0]))[0] if configs else 1
 
 
 class PoolCounter:
