@@ -27,6 +27,8 @@ from typing import Any
 
 import numpy as np
 
+from pooch_ext.errors import BudgetTooSmallError
+
 OUT = Path("results") / "demo"
 
 
@@ -148,6 +150,12 @@ def main(argv: list[str] | None = None) -> int:
     with tqdm(total=args.iters, desc="plain Chainer + PoocH", unit="it", file=sys.stderr) as bar:
         plain, pooch_run = train_side_by_side(plain_pair, pooch_pair, batches, pooch_kwargs,
                                               progress=bar, sync=sync)
+    if isinstance(pooch_run.error, BudgetTooSmallError):
+        # the floor above is any plan's: the chosen policy's own plan may need more
+        print(f"pooch-ext demo: {pooch_run.error}; try --budget-fraction "
+              f"{min(1.0, pooch_run.error.minimum_bytes / need['incore_need_bytes'] + 0.01):.2f} "
+              f"or --policy pooch", file=sys.stderr)
+        return 2
     if pooch_run.error is not None:
         raise pooch_run.error
     figures = side_by_side_figures(plain, pooch_run, plain_pair, pooch_pair,

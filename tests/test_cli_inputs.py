@@ -236,3 +236,16 @@ def test_a_refusal_one_byte_short_shows_the_bytes_that_differ():
     assert "budget 2 GiB is below" in str(BudgetTooSmallError(2 << 30, 5 << 30))
     assert "(1546188225 bytes) is below" in str(
         HostBudgetTooSmallError(1546188225, 1546188226, 1 << 34))
+
+
+def test_the_demo_says_when_the_chosen_policy_has_no_plan_within_its_budget(tmp_path, capsys):
+    """The demo's budget floor is any plan's; sqrt-n's own plan needs more at a fifth of the
+    in-core memory: a PolicyDoesNotFitError traceback (a user trial). Now one line that
+    names the policy, what it needs and a fraction to try; exit status 2."""
+    from pooch_ext.demo import main
+
+    code = main(["--iters", "4", "--profile-iters", "2", "--batch", "8", "--policy", "sqrt-n",
+                 "--budget-fraction", "0.2", "--out", str(tmp_path / "demo")])
+    err = capsys.readouterr().err
+    assert code == 2 and "policy sqrt-n cannot fit" in err and "--budget-fraction" in err
+    assert "Traceback" not in err
