@@ -348,9 +348,9 @@ class PoocH(PoochResults):
         self._order.saw(signature)      # the next iteration starts on the graph predicted
         upcoming = self._graphs.get(self._order.next(), graph)
         self.runtime.use(upcoming.program or upcoming.provisional)
-        # a graph without a plan is measured; one met not at an iteration's start (where
-        # measuring can begin on the fly) keeps every iteration measured for a while
-        if not graph.planned or any(
+        # a graph without a plan is measured (the upcoming one too); one met not at an
+        # iteration's start (measuring begins on the fly) keeps every iteration measured a while
+        if not graph.planned or not upcoming.planned or any(
                 not g.planned and not g.found_at_start and
                 g.last_seen > self._trained - RECENT for g in self._graphs.values()):
             self.profiler.attach()

@@ -985,3 +985,34 @@ def test_20_a_refused_iteration_leaves_the_graph_a_link_still_holds_whole():
             _tbptt_iteration(model, optimizer, seq, 0)
     after = [_tbptt_iteration(model, optimizer, seq, k) for k in (1, 2, 3)]
     assert after == plain and states_equal(model_state(model, optimizer), plain_state)
+
+
+class _PooledConv(chainer.Chain):
+    """A convolution averaged over its spatial axes: any input size gives the same output."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        with self.init_scope():
+            self.conv, self.fc = L.Convolution2D(3, 8, 3, pad=1), L.Linear(8, 5)
+
+    def forward(self, x):
+        return self.fc(F.mean(F.relu(self.conv(x)), axis=(2, 3)))
+
+
+def test_18_two_graphs_in_turn_both_get_their_plans():
+    """Batches of two input sizes in turn: once the first graph was planned the profiler was
+    left attached by the graph that had just ended, not the one to come, so the second
+    graph's iterations were never measured and it ran its swap-all profiling program every
+    time (8 of 8 in a user's loop, no message). Both now get plans."""
+    rng = np.random.RandomState(2)
+    data = [(rng.rand(4, 3, size, size).astype(np.float32), rng.randint(0, 5, 4).astype(np.int32))
+            for size in [8, 10] * 8]
+
+    def build() -> tuple:
+        model = _PooledConv()
+        return [model], [make_optimizer(model, "adam")]
+    # three profiling iterations each: the first graph is planned while the second is not
+    plain, under = compare(build, standard_loop(data), profile_iters=3, budget=64 << 20)
+    assert identical(plain, under)
+    later = under.pooch.iterations.program.iloc[9:]
+    assert (later == "pooch").all(), list(under.pooch.iterations.program)
