@@ -93,10 +93,11 @@ class SpentGraphError(PoochError):
 
 class PolicyDoesNotFitError(BudgetTooSmallError):
     """The chosen policy has no plan within the budget, though another policy may have one;
-    ``minimum_bytes`` is what this policy's plan needs."""
+    ``minimum_bytes`` is what this policy's plan needs: ``least``, the least budget at which
+    it fits where that was searched, else its refused plan's peak."""
 
-    def __init__(self, budget: int, plan: Any, floor: int) -> None:
-        need = max(int(plan.peak_bytes), floor)
+    def __init__(self, budget: int, plan: Any, floor: int, least: int | None = None) -> None:
+        need = max(int(plan.peak_bytes), floor) if least is None else int(least)
         super().__init__(budget, need, plan.policy)
         self.args = (f"policy {plan.policy} cannot fit the budget {format_bytes(budget)}: "
                      f"{plan.reason}; its plan needs {format_bytes(need)} ({need} bytes), the "

@@ -116,3 +116,26 @@ def test_plan_table_columns_and_csv_round_trip(net, tmp_path):
     assert np.isclose(plan.table.stall_s.sum(), plan.timeline.total_stall_s)
     again = Plan.read_csv(plan.to_csv(tmp_path / "plan.csv"))
     assert again.classes == plan.classes and again.policy == "pooch"
+
+
+def test_a_fixed_rule_policys_refusal_names_the_least_budget_it_fits():
+    """sqrt-n's refused plan (no checkpoint spacing fits: recompute-only) is not the plan it
+    makes for a larger budget, and its refusal named that plan's peak as its minimum: on a
+    user's ResNet 7422372 bytes, above the in-core need, where 4000000 ran. The refusal now
+    names the least budget at which the policy fits (to 0.1%), and that budget fits."""
+    from pooch_ext.analytic.tracing import analytic_profile
+    from pooch_ext.errors import PolicyDoesNotFitError
+    from pooch_ext.policies import fitting_plan
+    from pooch_ext.sim.budgets import budget_between
+
+    profile = analytic_profile("small-resnet", 32, None, gpu="v100-16gb")
+    budget = budget_between(profile, 0.05)
+    for name in ("sqrt-n", "vdnn-conv"):
+        refused = get_policy(name).classify(profile, budget)
+        with pytest.raises(PolicyDoesNotFitError) as error:
+            fitting_plan(profile, name, budget)
+        least = error.value.minimum_bytes
+        assert budget < least <= refused.peak_bytes
+        assert fitting_plan(profile, name, least).feasible
+        if name == "sqrt-n":
+            assert least < 0.6 * refused.peak_bytes
