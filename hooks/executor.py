@@ -25,7 +25,7 @@ from pooch_ext.hooks.graph import GraphRecorder
 from pooch_ext.hooks.inplace_relu import alone, as_chainer, write_over_input
 from pooch_ext.hooks.iteration_stats import IterationStats
 from pooch_ext.hooks.map_actions import MapActions
-from pooch_ext.hooks.model_state import base_of, model_arrays
+from pooch_ext.hooks.model_state import base_of, made_apart, model_arrays
 from pooch_ext.hooks.ondemand import OnDemand
 from pooch_ext.hooks.views import compact
 from pooch_ext.hooks.program import Program
@@ -242,6 +242,9 @@ class Executor(GraphRecorder):
             # its first call (L.Linear(None, n)) from then (on_forward_resolved)
             self.device.note_resident(self.model)
             self._lazy = [p for p in self.model.params() if p.array is None]
+            apart = getattr(getattr(self.device, "counter", None), "apart", None)
+            for param in self._lazy if apart is not None else ():
+                made_apart(param, apart)
         if self.program is None:
             self._unbudgeted()              # nothing planned this iteration's memory
         # before the first op: what ran since PoocH began (later ones: the profiler's tail)
