@@ -25,7 +25,7 @@ from pooch_ext.hooks.graph import GraphRecorder
 from pooch_ext.hooks.inplace_relu import alone, as_chainer, write_over_input
 from pooch_ext.hooks.iteration_stats import IterationStats
 from pooch_ext.hooks.map_actions import MapActions
-from pooch_ext.hooks.model_state import base_of, made_apart, model_arrays
+from pooch_ext.hooks.model_state import base_of, made_apart, model_arrays, not_apart
 from pooch_ext.hooks.ondemand import OnDemand
 from pooch_ext.hooks.views import compact
 from pooch_ext.hooks.program import Program
@@ -98,6 +98,11 @@ class Executor(GraphRecorder):
     def use(self, program: Program | None) -> None:
         """Replay ``program`` from the next iteration on (None: work on demand only)."""
         self._queued = (program,)
+
+    def __exit__(self, *exc: Any) -> None:
+        for param in self._lazy:        # never made under PoocH: made as Chainer makes it
+            not_apart(param)
+        super().__exit__(*exc)
 
     def abandon(self, restore: bool = False) -> None:
         """Forget the iteration in progress (after an error): nothing more is run for it.

@@ -76,14 +76,22 @@ def made_apart(param: Any, apart: Callable[[], Any]) -> None:
     values and cast them, a temporary of twice the weight's bytes that a GPU holds on the
     host, and that had counted as what the first iteration's op held (a user's net with a
     655 KB ``L.Linear(None, 10)`` was refused below 1.8 times what later iterations need).
-    The parameter itself stays counted."""
+    The parameter itself stays counted. Once per parameter: a link first called several
+    iterations on is found lazy at each iteration's start."""
+    if "initialize" in vars(param):
+        return
     initialize = param.initialize
 
     def once(shape: Any) -> None:
-        del param.initialize
+        not_apart(param)
         with apart():
             initialize(shape)
     param.initialize = once
+
+
+def not_apart(param: Any) -> None:
+    """``param`` makes itself as Chainer does again (made, or PoocH ended before)."""
+    vars(param).pop("initialize", None)
 
 
 def host_copy(array: Any) -> Any:

@@ -730,3 +730,38 @@ def test_a_weight_made_on_the_first_call_is_made_apart_from_what_the_op_holds():
     peaks = pooch.iterations.peak_bytes
     assert peaks.iloc[0] <= peaks.iloc[1:].max()
     assert minimum_budget(pooch.checked_profile) < 1.4 * minimum_budget(pooch.profile)
+
+
+def test_a_link_made_on_a_later_iteration_is_made_once_and_left_as_chainer_s():
+    """A lazily made link first called on the sixth iteration was found lazy at each of the
+    first four iterations' starts and its making wrapped once per start: the outer wrapper
+    took the inner's attribute away and its call raised AttributeError inside Chainer. One
+    wrapper per parameter, and none left on a link PoocH's block never made."""
+    class Net(chainer.Chain):
+        def __init__(self):
+            super().__init__()
+            with self.init_scope():
+                self.a, self.b, self.c = L.Linear(None, 5), L.Linear(None, 5), L.Linear(None, 5)
+
+        def forward(self, x, k):
+            return self.b(x) if k >= 5 else self.a(x)
+    x, t = np.ones((4, 8), np.float32), np.zeros(4, np.int32)
+
+    def train(pooch: bool) -> tuple:
+        np.random.seed(0)
+        model = Net()
+        optimizer = chainer.optimizers.SGD()
+        optimizer.setup(model)
+        block = PoocH(model, profile_iters=2, device=CpuDevice(), verbose=False) if pooch \
+            else contextlib.nullcontext()
+        with block:
+            for k in range(8):
+                loss = F.softmax_cross_entropy(model(x, k), t)
+                model.cleargrads()
+                loss.backward()
+                optimizer.update()
+        return model, model_state(model, optimizer)
+    _, plain_state = train(False)
+    model, state = train(True)
+    assert states_equal(state, plain_state)
+    assert model.c.W.array is None and "initialize" not in vars(model.c.W)
