@@ -224,9 +224,9 @@ def gap(fractions: list[float], time_limit_s: float, real: list[tuple]) -> pd.Da
             plan = get_policy("pooch").classify(p, budget, link)
             bound = milp_bound(model, budget, time_limit_s)
             # pooch-milp (policies/pooch_milp.py), reusing the bound solved here
-            seeded = min(get_policy("pooch").classify(p, budget, link,
-                                                      seeds=[bound_plan(model, bound)]),
-                         plan, key=lambda q: q.iteration_time_s)
+            pooch = get_policy("pooch")
+            seeded = pooch.faster(pooch.classify(p, budget, link,
+                                                 seeds=[bound_plan(model, bound)]), plan)
             rows.append({"network": name, "batch": batch, "link": link, "fraction": f,
                          "budget_bytes": budget, "incore_s": p.incore_time_s,
                          "pooch_s": plan.iteration_time_s, "bound_s": bound.bound_s,

@@ -53,19 +53,14 @@ def classify_links(profile: Profile, links: Sequence[Link | str], budget: int | 
 
 def _seeded(order: list, classify_at: Callable[[Any, list[Plan]], Plan]) -> dict:
     """Plans for the keys of ``order``, slowest side first, each seeded with the last
-    feasible plan before it, or pooch's own plan there where that is faster: a seed takes a
-    share of the refinement's work, and the seeded search can end in a slower basin than the
-    search alone (0.27% on one point of results/scale/monotone.csv, 0.85% on a user's small
-    network). Either is at least as fast as the neighbour's plan. {key: Plan}"""
+    feasible plan before it, or pooch's own plan there where that is faster
+    (``pooch.faster``). Either is at least as fast as the neighbour's plan. {key: Plan}"""
     plans = {}
     previous: list[Plan] = []
     for key in order:
         plan = classify_at(key, previous)
         if previous:
-            alone = classify_at(key, [])
-            if alone.feasible and (not plan.feasible
-                                   or alone.iteration_time_s < plan.iteration_time_s):
-                plan = alone
+            plan = pooch.faster(plan, classify_at(key, []))
         plans[key] = plan
         if plan.feasible:
             previous = [plan]
