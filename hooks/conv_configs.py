@@ -223,11 +223,12 @@ def first_iteration_pieces(call: ConvCall, budget: int) -> tuple[int, int] | Non
     """(forward, backward) pieces for a convolution run before any plan (PoocH's first
     iteration, swapping on demand): whole, its column buffer and that buffer's GEMM-layout
     copy could exceed the device (a network that fits only with splits would run out of
-    memory on a GPU before anything is known). Each part gets the fewest measured piece
-    count (so the profile can tell the whole op's cost from the pieces') that brings them
-    within 1 / FIRST_SHARE of ``budget``; None where whole already is. The caller checks
-    their exactness before each part starts (the backward's on the gradient it receives),
-    since a check inside the op would distort what the profile measures."""
+    memory on a GPU before anything is known). Each part asks for the fewest measured
+    piece count that brings them within 1 / FIRST_SHARE of ``budget``; None where whole
+    already is. What runs is FirstIterationSplits' choice among the counts measured (checked
+    exact before each part starts, the backward's on the gradient it receives, since a check
+    inside the op would distort what the profile measures): the one that holds least. The
+    backward's asked count stands only where its gradient never comes, when it runs whole."""
     x, w = call.x[0], call.W[0]
     itemsize = numpy.dtype(call.x[2]).itemsize
     y = (x[0], w[0]) + split_conv_nd.out_size(call, x, w)
