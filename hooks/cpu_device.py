@@ -252,7 +252,8 @@ class CpuDevice:
         gradients before forward (``optimizer.update(lossfun)``, the first iteration), forward
         is measured short by the gradients' bytes, never over; gradients are then counted the
         same in every iteration, the first (which PoocH checks the budget on) included."""
-        self.resident = resident_bytes(model)
+        with uncounted():      # a state probe's arrays (model_state.optimizer_state_bytes)
+            self.resident = resident_bytes(model)
         if self.counter is not None:
             for param in model.params():
                 grad = grad_of(param)
