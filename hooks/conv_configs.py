@@ -244,11 +244,13 @@ def first_iteration_pieces(call: ConvCall, budget: int) -> tuple[int, int] | Non
 
 
 class FirstIterationSplits:
-    """PoocH's first iteration, run before any plan or budget binds: its convolutions split
-    where whole they could exceed the device (``first_iteration_pieces``). A forward's
+    """What runs on demand (PoocH's first iteration, before any plan or budget binds, and
+    later the rest of an iteration that left its predicted graph): its convolutions split
+    where whole they could exceed the device (``first_iteration_pieces``; whole, a
+    stochastic-depth net's deviating iterations held 1.43 times the budget). A forward's
     pieces are measured before the op's clock starts, so the op finds their exactness
     checks (split_exact.KNOWN); the backward's once its gradient is known. ``active``
-    False (once a budget binds, or splits are off): nothing is split."""
+    False (splits are off): nothing is split."""
 
     def __init__(self, device: Any, budget_bytes: int, active: bool = True) -> None:
         self.device, self.budget_bytes, self.active = device, budget_bytes, active

@@ -415,7 +415,7 @@ class PoocH(PoochResults):
             self.device.enforce = True
         elif not self._budget_applied and self.budget_request is not None:
             self.device.set_budget(self.budget_request)
-        self._budget_applied, self._first_splits.active = True, False
+        self._budget_applied = True
 
     # ------------------------------------------------------------ profile and plan
     def _build_profile(self, samples: list) -> Profile:

@@ -6,6 +6,7 @@ returns both outcomes; the items are numbered as in the issue.
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -1016,3 +1017,55 @@ def test_18_two_graphs_in_turn_both_get_their_plans():
     assert identical(plain, under)
     later = under.pooch.iterations.program.iloc[9:]
     assert (later == "pooch").all(), list(under.pooch.iterations.program)
+
+
+class _StochasticDepth(chainer.Chain):
+    """Six residual convolution blocks, each skipped in training at random (stochastic
+    depth): the graph changes from iteration to iteration, unpredictably."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        with self.init_scope():
+            self.c0 = L.Convolution2D(3, 16, 3, pad=1)
+            self.blocks = chainer.ChainList(*[L.Convolution2D(16, 16, 3, pad=1)
+                                              for _ in range(6)])
+            self.fc = L.Linear(16 * 16 * 16, 10)
+
+    def forward(self, x, skipped):
+        h = F.relu(self.c0(x))
+        for k, conv in enumerate(self.blocks):
+            if k not in skipped:
+                h = h + F.relu(conv(h))
+        return self.fc(h)
+
+
+def test_20_an_iteration_off_its_predicted_graph_splits_its_convolutions_as_the_first():
+    """Stochastic depth: where an iteration's graph leaves the one predicted, the rest runs
+    on demand. Its convolutions ran whole there (the first iteration's splits were off once
+    the budget bound): at the smallest budget the first check accepts, such iterations held
+    1.43 times the budget. They now split as the first iteration's do."""
+    rng = np.random.RandomState(0)
+    batches_ = [(rng.randn(8, 3, 16, 16).astype(np.float32), rng.randint(0, 10, 8).astype(np.int32),
+                 set(np.flatnonzero(rng.rand(6) < 0.3).tolist())) for _ in range(16)]
+
+    def train(budget, pooch: bool = True):
+        np.random.seed(0)
+        model = _StochasticDepth()
+        optimizer = make_optimizer(model, "momentum")
+        block = PoocH(model, budget=budget, profile_iters=3, verbose=False) if pooch \
+            else contextlib.nullcontext()
+        with block:
+            for x, t, skipped in batches_:
+                loss = F.softmax_cross_entropy(model(x, skipped), t)
+                model.cleargrads()
+                loss.backward()
+                optimizer.update()
+        return block, model_state(model, optimizer)
+    _, plain_state = train(None, pooch=False)
+    with pytest.raises(BudgetTooSmallError) as refused:
+        train(1)
+    budget = refused.value.minimum_bytes
+    pooch, state = train(budget)
+    assert (pooch.iterations.deviation != "").sum() >= 3      # the path under test ran
+    assert pooch.iterations.peak_bytes.max() <= 1.1 * budget, pooch.overruns
+    assert states_equal(state, plain_state)
