@@ -99,6 +99,7 @@ class PolicyDoesNotFitError(BudgetTooSmallError):
     def __init__(self, budget: int, plan: Any, floor: int, least: int | None = None) -> None:
         need = max(int(plan.peak_bytes), floor) if least is None else int(least)
         super().__init__(budget, need, plan.policy)
+        self.plan = plan
         self.args = (f"policy {plan.policy} cannot fit the budget {format_bytes(budget)}: "
                      f"{plan.reason}; its plan needs {format_bytes(need)} ({need} bytes), the "
                      f"smallest budget any plan reaches is {format_bytes(floor)}",)

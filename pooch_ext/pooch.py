@@ -67,9 +67,9 @@ from pooch_ext.links import Link, get_link
 from pooch_ext.plan import Plan
 from pooch_ext.pooch_results import NOTHING_TRAINED, PoochResults
 from pooch_ext.runtime_profile import runtime_profile
-from pooch_ext.policies import fitting_plan, get_policy
+from pooch_ext.policies import fitting_plan, get_policy, refuse_below_floor
 from pooch_ext.profile import Profile
-from pooch_ext.sim.budgets import minimum_budget, resolve_host_budget
+from pooch_ext.sim.budgets import resolve_host_budget
 from pooch_ext.units import parse_bytes
 
 log = logging.getLogger("pooch_ext")
@@ -304,11 +304,10 @@ class PoocH(PoochResults):
         return None
 
     def _check_fits(self, profile: Profile) -> None:
-        floor = minimum_budget(profile)
-        if self.budget_bytes < floor:
-            raise BudgetTooSmallError(self.budget_bytes, floor, profile.meta.get("model", ""))
-        self._classify(profile, self.policy if self.policy is not None else "swap-all",
-                       self.host_budget if self.policy is not None else math.inf)
+        policy = self.policy if self.policy is not None else "swap-all"
+        host = self.host_budget if self.policy is not None else math.inf
+        refuse_below_floor(profile, policy, self.budget_bytes, host)
+        self._classify(profile, policy, host)
 
     def _iteration_done(self, trace: GraphTrace) -> None:
         if self._closing:

@@ -101,6 +101,20 @@ def test_a_policy_that_cannot_fit_fails_before_the_first_update_and_changes_noth
     assert states_equal(state, _loop(0)[1])
 
 
+@pytest.mark.parametrize("policy", ["superneurons", "sqrt-n", "vdnn-conv"])
+def test_a_refusal_names_the_least_budget_the_chosen_policy_runs_in(policy):
+    """budget=1 named the smallest budget any plan reaches; a fixed-rule policy does not
+    reach it, and the retry there was refused again with the policy's own minimum. The
+    first refusal names that minimum, and the policy runs within it."""
+    result, _ = _loop(5, {"profile_iters": 2, "budget": 1, "policy": policy, "verbose": False})
+    assert isinstance(result.error, BudgetTooSmallError)
+    least = result.error.minimum_bytes
+    result, _ = _loop(5, {"profile_iters": 2, "budget": least, "policy": policy,
+                          "verbose": False})
+    assert result.error is None, result.error
+    assert (result.pooch.iterations.peak_bytes.iloc[1:] <= least).all()
+
+
 def test_the_snapshot_puts_back_parameters_gradients_and_statistics():
     from pooch_ext.hooks.model_state import ModelSnapshot
 

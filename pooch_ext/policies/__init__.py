@@ -87,6 +87,27 @@ def fitting_plan(profile: Profile, policy: str | Callable, budget: int,
     return plan
 
 
+def refuse_below_floor(profile: Profile, policy: str | Callable, budget: int,
+                       host_budget: float = math.inf) -> None:
+    """Nothing where ``budget`` reaches the smallest budget any plan reaches; else the
+    refusal, naming the least budget ``policy`` itself fits (PolicyDoesNotFitError) where
+    that lies above: a fixed-rule policy (superneurons, sqrt-n, vdnn-conv) refused at
+    budget=1 named the floor, and was refused again there with its own minimum."""
+    from pooch_ext.errors import BudgetTooSmallError, PolicyDoesNotFitError
+    from pooch_ext.sim.budgets import minimum_budget
+
+    floor = minimum_budget(profile)
+    if budget >= floor:
+        return
+    try:
+        fitting_plan(profile, policy, floor, host_budget)
+    except PolicyDoesNotFitError as refused:
+        raise PolicyDoesNotFitError(budget, refused.plan, floor, refused.minimum_bytes) from None
+    except BudgetTooSmallError:
+        pass            # the host budget binds there too: the device's floor comes first
+    raise BudgetTooSmallError(budget, floor, profile.meta.get("model", ""))
+
+
 def _least_fitting(at: Callable[[int], Plan], low: int, highs: tuple[int, ...]) -> int | None:
     """The least budget above ``low`` (which does not fit) at which ``at(budget)`` fits, to
     0.1%, searched below the first of ``highs`` that fits; None where none does. A
