@@ -28,8 +28,8 @@ def carried_bytes(profile: Profile, sample: Any, predicted: pd.DataFrame,
     is held may be for a later pass), or as the update began after more passes
     (``chainer.grad``, then ``backward``: the graph then keeps the maps its nodes retain),
     charged to every forward op; the gradients of the network inputs that require one
-    (``input_gradient_bytes``) also to every backward op. An upper bound: a loop that drops the graph, or
-    clears gradients before its forward, carries nothing."""
+    (``input_gradient_bytes``) also to every backward op. An upper bound: a loop that drops
+    the graph, or clears gradients before its forward, carries nothing."""
     carried = np.zeros(len(predicted), np.int64)
     if sample.first and sample.end is not None and sample.end[0] < len(predicted):
         boundary, held, every_pass = sample.end
