@@ -30,6 +30,7 @@ class HoldingWatch:
         """A new iteration: callbacks of the previous one's holders change nothing."""
         self._iteration = object()
         self._refs: list[weakref.ref] = []      # weakrefs whose callbacks measure holding
+        self._holders: list[tuple[weakref.ref, list[TensorRecord]]] = []
         self._node_death: list[list] = []       # [OpRecord, op at which its node died or -2]
 
     def holder(self, holder: Any, records: list[TensorRecord]) -> None:
@@ -48,9 +49,11 @@ class HoldingWatch:
                     if record.held_until == STILL_HELD:
                         record.held_until = max(self.position(), 0)
         try:
-            self._refs.append(weakref.ref(holder, released))
+            ref = weakref.ref(holder, released)
         except TypeError:
-            pass
+            return
+        self._refs.append(ref)
+        self._holders.append((ref, records))
 
     def node(self, function: Any, op: OpRecord) -> None:
         """Note when ``op``'s function node dies: until then it holds what it retains."""
@@ -72,19 +75,26 @@ class HoldingWatch:
         """A copy of ``trace`` settled as if the iteration ended now (the watches go on): the
         trace a check before the iteration ends plans with, as its end will."""
         copy = dataclasses.replace(trace, tensors=[dataclasses.replace(t) for t in trace.tensors])
-        self._settle(copy)
+        self._settle(copy, {id(t): c for t, c in zip(trace.tensors, copy.tensors)})
         return copy
 
     def settle(self, trace: GraphTrace) -> None:
         """The iteration ended: every tensor's ``held_until`` from what was seen; the watches
         end here."""
-        self._settle(trace)
-        self._refs = []
+        self._settle(trace, {id(t): t for t in trace.tensors})
+        self._refs, self._holders = [], []
 
-    def _settle(self, trace: GraphTrace) -> None:
-        for record in trace.tensors:      # still held by something as the iteration ends
+    def _settle(self, trace: GraphTrace, records: dict[int, TensorRecord]) -> None:
+        """``records``: the trace's record for each watched record (by id; a copy's)."""
+        for record in trace.tensors:      # still held by a Variable as the iteration ends
             if record.held_until == STILL_HELD:
-                record.held_until = HELD_TO_END
+                record.held_until, record.caller_held = HELD_TO_END, True
+        for ref, held in self._holders:      # with its gradient (``retain_grad=True``)
+            holder = ref()
+            if holder is not None and getattr(holder, "grad", None) is not None:
+                for record in (records.get(id(r)) for r in held):
+                    if record is not None and record.caller_held:
+                        record.caller_grad = True
         visited = set(trace.backward_order)
         death = {id(op): at for op, at in self._node_death}
         for k, op in enumerate(trace.ops):

@@ -29,6 +29,10 @@ class TensorRecord:
     # it for a backward this pass never runs, a later backward pass; -1 when nothing did past
     # its last use, HELD_TO_END when something still did as the iteration ended
     held_until: int = -1
+    # still held by a Variable (the caller's names, a link's attribute) as the iteration
+    # ended: a loop that keeps it (``y, features = model(x)``) holds it into the next forward
+    caller_held: bool = False
+    caller_grad: bool = False   # ... with its gradient (``backward(retain_grad=True)``)
 
 
 @dataclass
