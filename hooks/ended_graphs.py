@@ -22,8 +22,8 @@ def let_go(functions: list, ran: set[int]) -> None:
     for k, ref in enumerate(functions):
         node = ref() if k in ran else None
         if node is not None:
-            for name, _ in node_state(node, set()):
-                setattr(node, name, None)
+            for owner, name, _ in node_state(node, set(), adapted=True):
+                setattr(owner, name, None)
                 setattr(node, SPENT, True)
             for variable_node in orphan_inputs(node) + orphan_outputs(node):
                 set_node_array(variable_node, None)

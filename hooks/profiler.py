@@ -324,7 +324,7 @@ class Profiler:
             array = executor.maps.array_of(t)
             if array is not None:
                 exclude.add(id(base_of(array)))
-        return sum(int(base.nbytes) for _, base in node_state(function, exclude))
+        return sum(int(base.nbytes) for _, _, base in node_state(function, exclude))
 
     def current_sample(self, trace: GraphTrace) -> IterationSample:
         """What the iteration in progress measured so far (after its backward: all of it)."""
