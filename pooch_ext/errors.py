@@ -37,6 +37,14 @@ def check_count(name: str, value: object) -> int:
     return int(value)
 
 
+def check_flag(name: str, value: object) -> bool:
+    """``value`` when it is a bool, else ValueError (``split_convolutions="no"`` was taken
+    as true)."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be True or False, got {value!r}")
+    return value
+
+
 class BudgetTooSmallError(PoochError):
     """No plan can run the iteration within the budget; carries the smallest budget that works."""
 

@@ -48,8 +48,8 @@ import chainer
 
 from pooch_ext.distributed import AllreduceMeter, Ranks
 from pooch_ext.graph_order import GraphOrder
-from pooch_ext.errors import (BudgetTooSmallError, PoochError, UnsupportedLoopError,
-                              PolicyDoesNotFitError, check_count)  # noqa: F401  (importable where raised)
+from pooch_ext.errors import (BudgetTooSmallError, PoochError, check_count, check_flag,  # noqa: F401
+                              PolicyDoesNotFitError, UnsupportedLoopError)  # noqa: F401  (importable where raised)
 from pooch_ext.hooks.chainer_refs import check_chainer
 from pooch_ext.hooks.device import UNLIMITED, device_for
 from pooch_ext.hooks.model_state import ModelSnapshot
@@ -66,8 +66,9 @@ from pooch_ext.hooks.runtime_device import RuntimeDevice
 from pooch_ext.links import Link, get_link
 from pooch_ext.plan import Plan
 from pooch_ext.pooch_results import NOTHING_TRAINED, PoochResults
+from pooch_ext.refusals import Refusals
 from pooch_ext.runtime_profile import runtime_profile
-from pooch_ext.policies import fitting_plan, get_policy, refuse_below_floor
+from pooch_ext.policies import check_policy, fitting_plan
 from pooch_ext.profile import Profile
 from pooch_ext.sim.budgets import resolve_host_budget
 from pooch_ext.units import parse_bytes
@@ -78,7 +79,7 @@ RECENT = 64       # a graph without a plan seen in the last RECENT iterations ke
 _ACTIVE: list["PoocH"] = []       # the PoocH whose ``with`` block is running (at most one)
 
 
-class PoocH(PoochResults):
+class PoocH(Refusals, PoochResults):
     """Context manager around a Chainer training loop; see the module docstring."""
 
     def __init__(self, model: chainer.Link | Sequence[chainer.Link], profile_iters: int = 3,
@@ -88,8 +89,7 @@ class PoocH(PoochResults):
                  split_convolutions: bool = True, comm: Any = None,
                  encodings: str | None = None) -> None:
         check_chainer()        # a Chainer the runtime was not tested with is refused here
-        if isinstance(policy, str):
-            get_policy(policy)                     # unknown names fail here, listing the known
+        check_policy(policy)        # an unknown name or a non-callable fails here
         self.models = Models(model)
         self.model = model
         self.profile_iters = check_count("profile_iters", profile_iters)
@@ -98,7 +98,7 @@ class PoocH(PoochResults):
         self.link = link if isinstance(link, Link) or link == "auto" else get_link(link)
         self.policy = policy
         self.verbose = verbose
-        self.split_convolutions = bool(split_convolutions)
+        self.split_convolutions = check_flag("split_convolutions", split_convolutions)
         self.encodings = check_setting(encodings)   # one of encodings.SETTINGS
         # data-parallel ranks (a ChainerMN communicator): rank 0 decides for all of them
         self.ranks = Ranks(comm) if comm is not None else None
@@ -129,6 +129,9 @@ class PoocH(PoochResults):
             raise PoochError("PoocH is already active around this code: its hooks see every "
                              "Chainer function in the process, so one PoocH must cover all "
                              "models (PoocH([a, b]) instead of one inside the other)")
+        if self.runtime is not None:
+            raise PoochError("this PoocH has run its block already (its profiles, plans and "
+                             "statistics are that block's): make a new PoocH for another")
         if self.device is None:
             link = None if self.link == "auto" else self.link
             self.device = device_for(self.models, self.budget_request, link)
@@ -214,100 +217,10 @@ class PoocH(PoochResults):
             self._found_at_start = True
             self.profiler.attach()
 
-    def _in_refusal_window(self) -> bool:
-        """The first training iteration under PoocH, whose updates a refusal can undo (each
-        optimizer is snapshotted as it first updates: ``_remember_optimizer``)."""
-        return not self._closing and self._trained == 0
-
-    def _before_update(self) -> None:
-        """Each update of the first iteration (the gate is lifted as it ends): checks again
-        what ran since the last check (later backward passes, a GAN's generator pass after
-        the discriminator's update; an overrun before any update) and refuses, putting back
-        parameters, gradients and optimizers."""
-        refusal, self._refusal = self._refusal, None
-        trace = self.runtime.trace
-        overran = not self._updated and bool(self.overruns)     # _overrun
-        if refusal is None and trace and (trace.passes > self._checked_passes or overran):
-            if overran and self.runtime.profiler is not self.profiler:   # ran unmeasured:
-                refusal = BudgetTooSmallError(                          # what it held, then
-                    self.budget_bytes, max(o["held_bytes"] for o in self.overruns),
-                    "what this loop held before its first update")
-            else:
-                self.profiler.backward_complete(every_pass=True)   # what later passes hold
-                refusal = self._refusal_for(trace, overran)
-        self._updated = True
-        if refusal is not None and not self._closing:
-            self._refuse(refusal)
-
-    def _remember_optimizer(self, optimizer: Any) -> None:
-        """Snapshot an optimizer about to update in the first iteration (a refusal undoes it)."""
-        with self.device.host_side():
-            self._snapshot.add_optimizer(optimizer)
-
-    def _refuse(self, error: BaseException) -> None:
-        """Raise ``error`` with everything put back as it was before PoocH began."""
-        self._closing = True
-        self.runtime.abandon(restore=True)
-        self._snapshot.restore()
-        raise error
-
-    def _overrun(self, message: str, held: int) -> None:
-        """The CPU device measured more than the budget: recorded, said once; the step goes
-        on. Before any update (a loop that accumulates gradients over several iterations
-        first) the update checks the budget again, on what that iteration measured
-        (``_before_update``): refused there, nothing has changed."""
-        self.overruns.append(dict(iteration=self.runtime.iteration, message=message,
-                                  held_bytes=held, budget_bytes=self.budget_bytes,
-                                  before_update=not self._updated))
-        early = not self._updated
-        if ("overrun", early) not in self._told:
-            self._told.add(("overrun", early))
-            self._say(f"{message}: " + ("the first update checks the budget again on what "
-                                        "this iteration measured" if early else
-                                        f"{self.overrun_cause(message)}; training goes on "
-                                        "(see PoocH.overruns)"))
-
-    def _unsupported(self, reason: str) -> None:
-        if self._in_refusal_window() and not self._updated:
-            self._refusal = UnsupportedLoopError(
-                f"PoocH cannot run this training loop exactly: {reason}")
-            return                          # raised before the first update
-        if reason not in self._told:
-            self._told.add(reason)
-            self._say(f"cannot plan an iteration: {reason}; such iterations run as plain "
-                      "Chainer does (no budget)")
-
     def _link_added(self, link: chainer.Link) -> None:
         with self.device.host_side():
             self._snapshot.add(link)
 
-    def _backward_done(self, trace: GraphTrace) -> None:
-        """End of the first backward pass: refuse what cannot work, before any update."""
-        if (refusal := self._refusal_for(trace)) is not None:
-            self._refuse(refusal)
-
-    def _refusal_for(self, trace: GraphTrace, overran: bool = False) -> BaseException | None:
-        """Why the iteration so far says this run cannot work (None: it can), on a profile of
-        what it measured: in the first iteration, or in any before the first update that
-        ``overran`` the budget."""
-        window = self._in_refusal_window() or (overran and not self._updated)
-        if not window or self._closing or trace.unsupported:
-            return None                     # an unsupported loop is refused at the update
-        self._checked_passes = trace.passes
-        try:
-            with self.device.host_side():   # planning data is the host's, not the device's
-                self.checked_profile = self._build_profile(     # settled as its end will be
-                    [self.profiler.current_sample(self.runtime.settled(trace))])
-                self._agreed(self.checked_profile, self._check_fits)
-        except BaseException as error:
-            return error
-        return None
-
-    def _check_fits(self, profile: Profile) -> None:
-        policy = self.policy if self.policy is not None else "swap-all"
-        host = self.host_budget if self.policy is not None else math.inf
-        refuse_below_floor(profile, policy, self.budget_bytes, host)
-        self._classify(profile, policy, host)
 
     def _iteration_done(self, trace: GraphTrace) -> None:
         if self._closing:

@@ -42,8 +42,12 @@ class PoochResults:
         return None if self.plan is None else self.plan.timeline
 
     def decision(self) -> str:
-        """One line: what was decided, what it is predicted to cost."""
+        """One line: what was decided, what it is predicted to cost (or that no plan was
+        made: ``policy=None``, a refusal, a graph never seen twice)."""
         plan, profile = self.plan, self.profile
+        if plan is None or profile is None:
+            return "no plan: " + ("policy=None profiles only" if self.policy is None else
+                                  "no graph was planned (PoocH.messages says why)")
         counts = plan.counts
         incore_s = profile.incore_time_s
         gist = ([f"{len(plan.encodings)} stored encoded"] if plan.encodings else []) + \

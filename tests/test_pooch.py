@@ -13,7 +13,7 @@ import chainer.links as L
 from chainer import training
 from chainer.training import extensions
 
-from pooch_ext.errors import BudgetTooSmallError, PolicyError, UnknownNameError
+from pooch_ext.errors import BudgetTooSmallError, PolicyError, PoochError, UnknownNameError
 from pooch_ext.testing import (BranchyNet, make_optimizer, model_state, states_equal,
                                       synthetic_batches, train)
 from pooch_ext.plan import Plan
@@ -224,6 +224,34 @@ def test_policy_none_profiles_and_says_so():
     pooch = result.pooch
     assert pooch.plan is None and pooch.profile is not None
     assert any("policy None: profiled, no plan" in m for m in pooch.messages)
+
+
+def test_a_block_without_a_plan_says_so_in_its_decision():
+    """``decision()`` without a plan (policy None, a refusal) raised AttributeError."""
+    result, _ = _loop(3, {"profile_iters": 2, "policy": None, "verbose": False})
+    assert result.pooch.decision() == "no plan: policy=None profiles only"
+    result, _ = _loop(3, {"profile_iters": 2, "budget": 1, "verbose": False})
+    assert isinstance(result.error, BudgetTooSmallError)
+    assert result.pooch.decision().startswith("no plan: ")
+
+
+def test_a_pooch_runs_one_block_and_says_so_if_entered_again():
+    """Entered again, a used PoocH ran every iteration on demand, never planned, saying
+    nothing; it now refuses at once, and a new PoocH runs as usual."""
+    result, _ = _loop(3, {"profile_iters": 2, "verbose": False})
+    with pytest.raises(PoochError, match="make a new PoocH"):
+        with result.pooch:
+            pass
+    assert result.pooch.plan is not None
+
+
+@pytest.mark.parametrize("arguments,error", [
+    ({"policy": 42}, TypeError), ({"split_convolutions": "no"}, ValueError)])
+def test_arguments_of_the_wrong_kind_fail_when_pooch_is_made(arguments, error):
+    """``policy=42`` failed only at the first classification, as "'int' object is not
+    callable"; ``split_convolutions="no"`` was taken as true."""
+    with pytest.raises(error, match=next(iter(arguments))):
+        PoocH(BranchyNet(), **arguments)
 
 
 def test_a_users_policy_may_return_classes_only_pooch_simulates_them():

@@ -318,6 +318,17 @@ def test_3_double_backprop_is_refused_before_any_update(how):
     assert "double backprop" in str(under.error)
 
 
+@pytest.mark.parametrize("how", ["grad", "backward"])
+def test_3_double_backprop_under_a_budget_too_small_is_refused_as_unsupported(how):
+    """Under a budget below the minimum, the gradient penalty's loop got a budget refusal
+    naming a minimum it could never run in (a retry there was then refused as unsupported):
+    it is refused as unsupported at once."""
+    _, under = compare(_tanh_mlp, _gradient_penalty(batches(4), how), profile_iters=2,
+                       budget=1000)
+    assert refused_cleanly(_tanh_mlp, under), under.error
+    assert "double backprop" in str(under.error), under.error
+
+
 def test_3_plain_chainers_own_double_backprop_error_is_not_hidden():
     def loop(models, optimizers, out):
         (model,), (optimizer,) = models, optimizers

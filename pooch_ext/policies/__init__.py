@@ -49,6 +49,16 @@ def get_policy(name: str) -> ModuleType:
     return importlib.import_module(POLICIES[name])
 
 
+def check_policy(policy: object) -> None:
+    """A known policy name, a callable or None; else the error at once (an int was
+    accepted and failed at the first classification as "'int' object is not callable")."""
+    if isinstance(policy, str):
+        get_policy(policy)                     # unknown names fail here, listing the known
+    elif policy is not None and not callable(policy):
+        raise TypeError(f"policy must be a name ({', '.join(POLICY_NAMES)}), a function "
+                        f"classify(profile, budget, link) -> Plan, or None; got {policy!r}")
+
+
 def classify(profile: Profile, budget: int | str | None = None, policy: str = "pooch",
              link: Link | str | None = None, host_budget: int | str | None = None) -> Plan:
     """A Plan for ``profile`` under ``budget`` by the named policy (see the module docstring

@@ -1,0 +1,114 @@
+"""The moments PoocH may refuse a training run, and what it checks there (a mixin of
+pooch.PoocH): the end of the first backward pass, each update of the first iteration, an
+unsupported loop found before the first update. A refusal puts back parameters, gradients
+and optimizers (the snapshot PoocH took), so the failed attempt changes nothing; none comes
+after the first iteration that updates."""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from pooch_ext.errors import BudgetTooSmallError, UnsupportedLoopError
+from pooch_ext.policies import refuse_below_floor
+from pooch_ext.profile import Profile
+from pooch_ext.trace import GraphTrace
+
+
+class Refusals:
+    """PoocH's refusal checks; PoocH gives the state they read (runtime, profiler, budget,
+    policy, snapshot, overruns) and ``_build_profile`` / ``_agreed`` / ``_classify``."""
+
+    def _in_refusal_window(self) -> bool:
+        """The first training iteration under PoocH, whose updates a refusal can undo (each
+        optimizer is snapshotted as it first updates: ``_remember_optimizer``)."""
+        return not self._closing and self._trained == 0
+
+    def _before_update(self) -> None:
+        """Each update of the first iteration (the gate is lifted as it ends): checks again
+        what ran since the last check (later backward passes, a GAN's generator pass after
+        the discriminator's update; an overrun before any update) and refuses, putting back
+        parameters, gradients and optimizers."""
+        refusal, self._refusal = self._refusal, None
+        trace = self.runtime.trace
+        overran = not self._updated and bool(self.overruns)     # _overrun
+        if refusal is None and trace and (trace.passes > self._checked_passes or overran):
+            if overran and self.runtime.profiler is not self.profiler:   # ran unmeasured:
+                refusal = BudgetTooSmallError(                          # what it held, then
+                    self.budget_bytes, max(o["held_bytes"] for o in self.overruns),
+                    "what this loop held before its first update")
+            else:
+                self.profiler.backward_complete(every_pass=True)   # what later passes hold
+                refusal = self._refusal_for(trace, overran)
+        self._updated = True
+        if refusal is not None and not self._closing:
+            self._refuse(refusal)
+
+    def _remember_optimizer(self, optimizer: Any) -> None:
+        """Snapshot an optimizer about to update in the first iteration (a refusal undoes it)."""
+        with self.device.host_side():
+            self._snapshot.add_optimizer(optimizer)
+
+    def _refuse(self, error: BaseException) -> None:
+        """Raise ``error`` with everything put back as it was before PoocH began."""
+        self._closing = True
+        self.runtime.abandon(restore=True)
+        self._snapshot.restore()
+        raise error
+
+    def _overrun(self, message: str, held: int) -> None:
+        """The CPU device measured more than the budget: recorded, said once; the step goes
+        on. Before any update (a loop that accumulates gradients over several iterations
+        first) the update checks the budget again, on what that iteration measured
+        (``_before_update``): refused there, nothing has changed."""
+        self.overruns.append(dict(iteration=self.runtime.iteration, message=message,
+                                  held_bytes=held, budget_bytes=self.budget_bytes,
+                                  before_update=not self._updated))
+        early = not self._updated
+        if ("overrun", early) not in self._told:
+            self._told.add(("overrun", early))
+            self._say(f"{message}: " + ("the first update checks the budget again on what "
+                                        "this iteration measured" if early else
+                                        f"{self.overrun_cause(message)}; training goes on "
+                                        "(see PoocH.overruns)"))
+
+    def _unsupported(self, reason: str) -> None:
+        if self._in_refusal_window() and not self._updated:
+            self._refusal = UnsupportedLoopError(
+                f"PoocH cannot run this training loop exactly: {reason}")
+            return                          # raised before the first update
+        if reason not in self._told:
+            self._told.add(reason)
+            self._say(f"cannot plan an iteration: {reason}; such iterations run as plain "
+                      "Chainer does (no budget)")
+
+    def _backward_done(self, trace: GraphTrace) -> None:
+        """End of the first backward pass: refuse what cannot work, before any update (a
+        loop found unsupported as such, not for its budget: that refusal had named a minimum
+        the loop never runs in; else it is refused at the update, as before, so Chainer's
+        own error in between is not hidden)."""
+        if (refusal := self._refusal_for(trace)) is not None:
+            refusal, self._refusal = self._refusal or refusal, None
+            self._refuse(refusal)
+
+    def _refusal_for(self, trace: GraphTrace, overran: bool = False) -> BaseException | None:
+        """Why the iteration so far says this run cannot work (None: it can), on a profile of
+        what it measured: in the first iteration, or in any before the first update that
+        ``overran`` the budget."""
+        window = self._in_refusal_window() or (overran and not self._updated)
+        if not window or self._closing or trace.unsupported:
+            return None                     # an unsupported loop is refused at the update
+        self._checked_passes = trace.passes
+        try:
+            with self.device.host_side():   # planning data is the host's, not the device's
+                self.checked_profile = self._build_profile(     # settled as its end will be
+                    [self.profiler.current_sample(self.runtime.settled(trace))])
+                self._agreed(self.checked_profile, self._check_fits)
+        except BaseException as error:
+            return error
+        return None
+
+    def _check_fits(self, profile: Profile) -> None:
+        policy, host = ((self.policy, self.host_budget) if self.policy is not None
+                        else ("swap-all", math.inf))
+        refuse_below_floor(profile, policy, self.budget_bytes, host)
+        self._classify(profile, policy, host)
