@@ -14,7 +14,7 @@ _UNITS = {
     "t": 1000**4, "tb": 1000**4, "p": 1000**5, "pb": 1000**5,
     "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4, "pib": 1024**5,
 }
-_PATTERN = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
+_PATTERN = re.compile(r"^\s*([-+]?[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
 
 
 def parse_bytes(text: str | int | float, allow_zero: bool = False) -> int:

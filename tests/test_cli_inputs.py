@@ -149,7 +149,8 @@ def test_a_negative_size_and_a_folder_that_is_no_profile_are_named(saved, tmp_pa
     path, _ = saved
     for option in ("--budget", "--host-budget"):      # argparse alone took "-1GiB" for an option
         err = one_line_error(capsys, ["classify", path, option, "-1GiB"])
-        assert "not a byte size: '-1GiB'" in err
+        # (the same words as the Python API's: it had said "not a byte size" here only)
+        assert "must be positive: '-1GiB'" in err or "must be >= 0: '-1GiB'" in err
     err = one_line_error(capsys, ["classify", str(tmp_path), "--budget", "16GiB"])
     assert f"{tmp_path}: not a profile folder (profile.json missing" in err
 
