@@ -126,15 +126,16 @@ class Executor(GraphRecorder):
     # ------------------------------------------------------------ the schedule
     def _run_until(self, boundary: int, recomputes: bool = True) -> None:
         """Run the program's actions of every boundary up to and including ``boundary``; of
-        ``boundary`` only those before its first recompute if not ``recomputes``: a recompute
-        runs as its op begins, beside what the backward loop holds between ops there (what
-        the profile measures), not as the op before ends, while the loop still holds that
-        op's inputs and gradients too (a user's recomputing plan went 4.6% over its budget)."""
+        ``boundary`` only those before its first recompute or decode if not ``recomputes``:
+        those run as their op begins, beside what the backward loop holds between ops there
+        (what the profile measures), not as the op before ends, while the loop still holds
+        that op's inputs and gradients too (a user's recomputing plan went 4.6% over its
+        budget; a sparse map's decode before a ReLU's backward 12.4%)."""
         while self._next_boundary <= boundary:
             b = self._next_boundary
             for action, tensor, final in (self.program.actions.get(b, [])[self._next_action:]
                                           if self.mode == SCHEDULED else ()):
-                if action == "recompute" and not recomputes and b == boundary:
+                if action in ("recompute", "decode") and not recomputes and b == boundary:
                     return
                 waits, start = not self.maps.landed(action, tensor), time.perf_counter()
                 self.maps.act(action, tensor, final)
