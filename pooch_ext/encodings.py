@@ -382,7 +382,14 @@ def encoded_plan(profile: Profile, plan: Plan) -> tuple[Profile, Plan]:
     """(the profile ``plan`` runs on, the plan on it) for a plan read back from its table
     (Plan.read_csv): its in-place ops run in place, its encoded maps' forms take their
     classes. The same profile and plan when it does neither; an op or a map this profile
-    cannot run or store that way is refused."""
+    cannot run or store that way is refused. A profile that already runs it (PoocH's
+    ``pooch.profile``, saved: its maps already encoded as the plan says, its ReLUs in
+    place) is the one it runs on as it is (refused before: no rule encodes a form again)."""
+    done = {int(t): how["codec"] for t, how in (profile.meta.get("encoded") or {}).items()}
+    if done and done == plan.encodings and inplace_of(profile) == list(plan.inplace):
+        twins = {int(t): int(how["twin"]) for t, how in profile.meta["encoded"].items()}
+        return profile, dataclasses.replace(
+            plan, classes={twins.get(t, t): c for t, c in plan.classes.items()})
     profile = inplace_profile(profile, plan.inplace)
     if not plan.encodings:
         return profile, plan

@@ -403,7 +403,7 @@ class _WideConvs(chainer.Chain):
 
 
 @pytest.mark.slow
-def test_a_decode_runs_as_its_op_begins_within_the_budget():
+def test_a_decode_runs_as_its_op_begins_within_the_budget(tmp_path, capsys):
     """A user trial's CNN whose plan stores its ReLU outputs sparse went 12.4% over a 19 MB
     budget in every planned iteration: each decode ran as the op before ended, beside that
     op's input and output gradients, which Chainer's backward loop still held (what the
@@ -416,3 +416,11 @@ def test_a_decode_runs_as_its_op_begins_within_the_budget():
     assert "sparse" in runtime.plan.encodings.values()     # the path under test ran
     assert not runtime.overruns, runtime.overruns[:1]
     assert states_equal(plain, state)
+    # the profile it ran on and its plan, saved, simulate back to the same peak (the
+    # command line had refused them: "no encoding rule allows it here")
+    runtime.profile.save(tmp_path / "profile")
+    runtime.plan.to_csv(tmp_path / "plan.csv")
+    capsys.readouterr()
+    assert cli.main(["simulate", str(tmp_path / "profile"), "--plan",
+                     str(tmp_path / "plan.csv"), "--budget", "9500000"]) == 0
+    assert f"({runtime.plan.peak_bytes} bytes)" in capsys.readouterr().out
