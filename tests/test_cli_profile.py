@@ -41,6 +41,13 @@ def test_profile_text_summary(capsys):
     (["--model", "small-resnet", "--batch", "2", "--gpu", "k80"], "unknown GPU 'k80'"),
     (["--model", "small-resnet", "--batch", "2", "--link", "usb"], "unknown link 'usb'"),
     (["--model", "alexnet", "--batch", "2", "--input-size", "160x160"], "input features"),
+    # options for the other kind of profile had been ignored silently (a user trial)
+    (["--model", "small-resnet", "--batch", "2", "--iters", "5"],
+     "--iters applies to --measure only"),
+    (["--model", "small-resnet", "--batch", "2", "--measure", "--gpu", "h100"],
+     "--gpu applies to the analytic profile only"),
+    (["--model", "small-resnet", "--batch", "2", "--measure", "--conv", "cudnn"],
+     "--conv applies to the analytic profile only"),
 ])
 def test_bad_input_is_one_line_error(args, message, capsys):
     assert main(["profile", *args]) == 2

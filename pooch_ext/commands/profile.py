@@ -28,9 +28,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--input-size", default=None, metavar="SIZE",
                         help="per-sample input, e.g. 3x224x224 or 224x224 (2D), "
                              "3x16x112x112 or 16x112x112 (3D); default: the model's own")
-    parser.add_argument("--gpu", default="v100-16gb", help=f"cost-model GPU: {', '.join(GPUS)}")
+    parser.add_argument("--gpu", default=None,
+                        help=f"cost-model GPU: {', '.join(GPUS)} (default v100-16gb)")
     parser.add_argument("--link", default="pcie3", help=f"host link: {', '.join(PRESETS)}")
-    parser.add_argument("--conv", default="im2col", choices=CONV_IMPLS,
+    parser.add_argument("--conv", default=None, choices=CONV_IMPLS,
                         help="how convolutions are charged: im2col (CuPy without cuDNN, "
                              "default) or cudnn (the paper's setup)")
     parser.add_argument("--out", default=None, metavar="DIR", type=output_folder,
@@ -43,7 +44,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                              "(copy times from --link); --gpu and --conv do not apply")
     parser.add_argument("--budget", default=None,
                         help="with --measure: device memory budget while profiling, e.g. 4GiB")
-    parser.add_argument("--iters", type=int, default=3,
+    parser.add_argument("--iters", type=int, default=None,
                         help="with --measure: iterations to profile, the first a warm-up (default 3)")
     parser.set_defaults(run=run)
 
@@ -51,15 +52,15 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _analytic(args: argparse.Namespace) -> Profile:
     from pooch_ext.analytic.tracing import analytic_profile   # imports chainer: only when needed
 
-    return analytic_profile(args.model, args.batch, args.input_size, gpu=args.gpu,
-                            link=args.link, conv=args.conv)
+    given = {k: v for k, v in (("gpu", args.gpu), ("conv", args.conv)) if v is not None}
+    return analytic_profile(args.model, args.batch, args.input_size, link=args.link, **given)
 
 
 def _measured(args: argparse.Namespace) -> Profile:
     from pooch_ext.measure import measured_profile   # imports chainer: only when needed
 
     return measured_profile(args.model, args.batch, args.input_size, budget=args.budget,
-                            iters=args.iters, link=args.link)
+                            iters=3 if args.iters is None else args.iters, link=args.link)
 
 
 def summary_lines(summary: dict) -> list[str]:
@@ -88,8 +89,14 @@ def summary_lines(summary: dict) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.budget is not None and not args.measure:
-        raise ValueError("--budget applies to --measure only")
+    given = [f"--{name}" for name in ("budget", "iters") if getattr(args, name) is not None]
+    if given and not args.measure:         # (they had been ignored silently)
+        raise ValueError(f"{' and '.join(given)} appl{'y' if len(given) > 1 else 'ies'} "
+                         "to --measure only")
+    given = [f"--{name}" for name in ("gpu", "conv") if getattr(args, name) is not None]
+    if given and args.measure:
+        raise ValueError(f"{' and '.join(given)} appl{'y' if len(given) > 1 else 'ies'} to "
+                         "the analytic profile only: --measure times the real device")
     profile = _measured(args) if args.measure else _analytic(args)
     summary = profile.summary()
     summary["input_size"] = format_shape(profile.meta.get("input_size", []))
