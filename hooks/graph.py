@@ -92,6 +92,9 @@ class GraphRecorder(chainer.FunctionHook):
         self._pass_starts: list[int] = []           # forward ops that start a forward pass
         self._pass_depth = 0
         self._pass_visited = False
+        # after a double-backprop pass, until the next pass begins: ops read its gradients
+        # (a gradient penalty), which no forward op made, and are still this iteration's
+        self._on_gradients = False
         self._visited: set[int] = set()
         self._position = -1                         # the op running or last started
         self._holding = HoldingWatch(lambda: self._position)   # who still holds a tensor
@@ -154,7 +157,7 @@ class GraphRecorder(chainer.FunctionHook):
         if self.trace is None:
             self._start_iteration()
         elif self.trace.passes or self.trace.backward_order:
-            if connected:                   # a second loss on this graph, say
+            if connected or self._on_gradients:   # a second loss on this graph, a penalty
                 self._tail(function)
                 return
             self._end_iteration()
@@ -232,6 +235,7 @@ class GraphRecorder(chainer.FunctionHook):
         self._pass_depth += 1
         if self._pass_depth > 1 or self.trace is None or self.paused:
             return
+        self._on_gradients = bool(double)
         self._resolve()
         self._pass_visited = False
         if not self.trace.ops:
