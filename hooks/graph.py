@@ -90,11 +90,8 @@ class GraphRecorder(chainer.FunctionHook):
         self._arrays: dict[int, tuple[weakref.ref, int]] = {}   # id(array) -> (ref, tensor)
         self._tensor_marks: list[int] = []          # op index -> tensors recorded before it
         self._pass_starts: list[int] = []           # forward ops that start a forward pass
-        self._pass_depth = 0
-        self._pass_visited = False
-        # after a double-backprop pass, until the next pass begins: ops read its gradients
-        # (a gradient penalty), which no forward op made, and are still this iteration's
-        self._on_gradients = False
+        self._pass_depth, self._pass_visited = 0, False
+        self._on_gradients = False   # after a double-backprop pass: a penalty on its gradients
         self._visited: set[int] = set()
         self._position = -1                         # the op running or last started
         self._holding = HoldingWatch(lambda: self._position)   # who still holds a tensor
@@ -235,9 +232,8 @@ class GraphRecorder(chainer.FunctionHook):
         self._pass_depth += 1
         if self._pass_depth > 1 or self.trace is None or self.paused:
             return
-        self._on_gradients = bool(double)
         self._resolve()
-        self._pass_visited = False
+        self._pass_visited, self._on_gradients = False, bool(double)
         if not self.trace.ops:
             return
         if double:
