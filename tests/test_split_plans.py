@@ -395,7 +395,7 @@ def test_the_probes_overflow_is_not_raised_into_a_float16_loop():
     ``np.seterr(over="raise")`` a user's float16 CNN stopped under PoocH (FloatingPointError
     in the measurement) where plain Chainer trains; without it, five RuntimeWarnings of
     PoocH's own. The probes' floating-point errors stay with them."""
-    batches = [(x.astype(np.float16), t) for x, t in synthetic_batches(3, 8, (3, 16, 16), 10)]
+    batches = [(x.astype(np.float16), t) for x, t in synthetic_batches(3, 4, (3, 16, 16), 10)]
 
     def build():
         with chainer.using_config("dtype", np.float16):
@@ -403,7 +403,7 @@ def test_the_probes_overflow_is_not_raised_into_a_float16_loop():
     with np.errstate(over="raise", invalid="raise", divide="raise"):
         plain, plain_state = trained(build, batches)
         result, state = trained(build, batches, dict(profile_iters=2, device=CpuDevice(),
-                                                     verbose=False, budget=8 << 20))
+                                                     verbose=False, budget=4 << 20))
     assert result.pooch.iterations.splits[0] > 0
     assert result.losses == plain.losses and states_equal(state, plain_state)
 
