@@ -20,10 +20,12 @@ _ORIGINALS: list[tuple[Any, str, Any]] = []
 
 
 @contextmanager
-def _backward_pass(nodes: list, double: bool) -> Iterator[None]:
+def _backward_pass(nodes: list, double: bool, returned: bool = False) -> Iterator[None]:
+    """``returned``: the pass hands its gradients back (``chainer.grad``) rather than
+    leaving them on Variables."""
     listeners = list(_LISTENERS)
     for recorder in listeners:
-        recorder._pass_begin(nodes, double)
+        recorder._pass_begin(nodes, double, returned)
     failed = True
     try:
         yield
@@ -48,7 +50,7 @@ def _signalled_grad(original: Callable) -> Callable:
             nodes = [v.node for v in outputs]
         except (AttributeError, TypeError):     # bad arguments: chainer's own error follows
             return original(outputs, inputs, *args, **kwargs)
-        with _backward_pass(nodes, bool(double)):
+        with _backward_pass(nodes, bool(double), returned=True):
             return original(outputs, inputs, *args, **kwargs)
     grad.__doc__ = original.__doc__
     return grad

@@ -91,7 +91,7 @@ class GraphRecorder(chainer.FunctionHook):
         self._tensor_marks: list[int] = []          # op index -> tensors recorded before it
         self._pass_starts: list[int] = []           # forward ops that start a forward pass
         self._pass_depth, self._pass_visited = 0, False
-        self._on_gradients = False   # after a double-backprop pass: a penalty on its gradients
+        self._on_gradients = False   # after chainer.grad's double backprop: a penalty on them
         self._visited: set[int] = set()
         self._position = -1                         # the op running or last started
         self._holding = HoldingWatch(lambda: self._position)   # who still holds a tensor
@@ -228,12 +228,12 @@ class GraphRecorder(chainer.FunctionHook):
             self.on_backward_complete(self.trace)
 
     # ------------------------------------------------------------ backward passes
-    def _pass_begin(self, nodes: list, double: bool) -> None:
+    def _pass_begin(self, nodes: list, double: bool, returned: bool = False) -> None:
         self._pass_depth += 1
         if self._pass_depth > 1 or self.trace is None or self.paused:
             return
         self._resolve()
-        self._pass_visited, self._on_gradients = False, bool(double)
+        self._pass_visited, self._on_gradients = False, bool(double and returned)
         if not self.trace.ops:
             return
         if double:

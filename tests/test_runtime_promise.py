@@ -329,11 +329,13 @@ def test_3_double_backprop_under_a_budget_too_small_is_refused_as_unsupported(ho
     assert "double backprop" in str(under.error), under.error
 
 
-def test_3_a_gradient_penalty_met_after_updates_stays_in_its_iteration():
+@pytest.mark.parametrize("how", ["grad", "backward"])
+def test_3_a_gradient_penalty_met_after_updates_stays_in_its_iteration(how):
     """Double backprop met after the first update runs as plain Chainer; the penalty built
     on its gradients had begun what PoocH took for another iteration (a user trial: 17 rows
     of PoocH.iterations for 10 loop steps, the penalty profiled and planned as a graph of its
-    own). It is the same iteration now, and training stays bit-identical."""
+    own). It is the same iteration now, and training stays bit-identical. A double-backprop
+    ``backward()``, whose gradients stay on Variables, ends its iteration as any pass does."""
     data = batches(6)
 
     def loop(models, optimizers, out):
@@ -341,11 +343,11 @@ def test_3_a_gradient_penalty_met_after_updates_stays_in_its_iteration():
         for k, (x, t) in enumerate(data):
             x = chainer.Variable(x)
             loss = F.softmax_cross_entropy(model(x), t, enable_double_backprop=True)
-            if k >= 3:                                     # the penalty from the fourth on
+            if k >= 3 and how == "grad":                   # the penalty from the fourth on
                 gx, = chainer.grad([loss], [x], enable_double_backprop=True)
                 loss = loss + 0.1 * F.sum(gx * gx)
             model.cleargrads()
-            loss.backward()
+            loss.backward(enable_double_backprop=k >= 3 and how == "backward")
             optimizer.update()
             out.losses.append(float(loss.array))
     plain, under = compare(_tanh_mlp, loop, profile_iters=2, verbose=False)
