@@ -269,7 +269,7 @@ def test_scaled_down_issue_networks_train_bit_identical_where_only_splits_fit(na
         return VGG16(10, width=16, side=64) if name == "vgg16" else AlexNet(10, width=16)
     shape = (3, 64, 64) if name == "vgg16" else (3, 227, 227)
     plain, plain_state, profile, budget, unsplit, tight, tight_state = where_only_splits_fit(
-        lambda pooch: trained(make, synthetic_batches(5, 4, shape, 10), pooch))
+        lambda pooch: trained(make, synthetic_batches(4, 4, shape, 10), pooch))
     assert minimum_budget(profile) < unsplit
     pooch = tight.pooch
     assert pooch.plan.feasible and pooch.plan.configs
