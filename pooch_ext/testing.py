@@ -323,6 +323,25 @@ def trained(make_model: Callable[[], chainer.Link], batches: list, pooch: dict |
     return result, model_state(model, optimizer)
 
 
+def at_first_minimum(train: Callable[..., tuple[Any, dict]]) -> tuple[Any, int]:
+    """``train(budget, pooch=True) -> (its PoocH or a null block, model_state)`` run plainly,
+    at ``budget=1`` (refused: BudgetTooSmallError expected) and at the minimum that refusal
+    named: that run's PoocH and the minimum, its training checked bit-identical to plain
+    Chainer's (what the later-iteration tests check a first minimum by)."""
+    from pooch_ext.errors import BudgetTooSmallError
+
+    _, plain_state = train(None, pooch=False)
+    try:
+        train(1)
+    except BudgetTooSmallError as refused:
+        minimum = refused.minimum_bytes
+    else:
+        raise AssertionError("budget=1 was accepted")
+    pooch, state = train(minimum)
+    assert states_equal(state, plain_state)
+    return pooch, minimum
+
+
 class SplitRuns(NamedTuple):
     plain: TrainResult
     plain_state: dict

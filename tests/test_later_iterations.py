@@ -27,7 +27,7 @@ from pooch_ext.hooks.cpu_device import CpuDevice
 from pooch_ext.pooch import PoocH
 from pooch_ext.sim.budgets import minimum_budget
 from pooch_ext.loop_styles import LOOPS, batches, drops_loss, fresh, run
-from pooch_ext.testing import NStepTagger, model_state, states_equal
+from pooch_ext.testing import NStepTagger, at_first_minimum, model_state, states_equal
 
 
 CASES = [(net, loop) for net in ("pool", "norm") for loop in sorted(LOOPS)] + \
@@ -807,14 +807,9 @@ def test_a_recurrent_states_gradient_the_loop_keeps_is_counted_in_the_first_chec
                 optimizer.update()
                 h.unchain_backward()
         return block, model_state(model, optimizer)
-    _, plain_state = train(None, pooch=False)
-    with pytest.raises(BudgetTooSmallError) as refused:
-        train(1)
-    accepted = refused.value.minimum_bytes
-    pooch, state = train(accepted)
+    pooch, accepted = at_first_minimum(train)
     assert not pooch.overruns, (accepted, pooch.overruns[:1])
     assert (pooch.iterations.peak_bytes.iloc[1:] <= accepted).all()
-    assert states_equal(state, plain_state)
 
 
 @pytest.mark.parametrize("optimizer_name", ["SGD", "MomentumSGD", "NesterovAG", "Adam",
@@ -882,14 +877,9 @@ def test_activations_the_loop_keeps_into_the_next_forward_are_counted_in_the_fir
                 loss.backward(retain_grad=retain_grad)
                 optimizer.update()
         return block, model_state(model, optimizer)
-    _, plain_state = train(None, pooch=False)
-    with pytest.raises(BudgetTooSmallError) as refused:
-        train(1)
-    accepted = refused.value.minimum_bytes
-    pooch, state = train(accepted)
+    pooch, accepted = at_first_minimum(train)
     assert not pooch.overruns, (accepted, pooch.overruns[:1])
     assert (pooch.iterations.peak_bytes.iloc[1:] <= accepted).all()
-    assert states_equal(state, plain_state)
 
 
 class _ScaledTanh(chainer.Function):
@@ -945,11 +935,6 @@ def test_what_an_old_style_function_keeps_on_itself_goes_as_the_next_iteration_b
                 loss.backward()
                 optimizer.update()
         return block, model_state(model, optimizer)
-    _, plain_state = train(None, pooch=False)
-    with pytest.raises(BudgetTooSmallError) as refused:
-        train(1)
-    accepted = refused.value.minimum_bytes
-    pooch, state = train(accepted)
+    pooch, accepted = at_first_minimum(train)
     assert not pooch.overruns, (accepted, pooch.overruns[:1])
     assert (pooch.iterations.peak_bytes.iloc[1:] <= accepted).all()
-    assert states_equal(state, plain_state)
