@@ -10,11 +10,9 @@ best found.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
-
 import numpy as np
 
-from pooch_ext.sim.model import RECOMPUTE, SWAP, SimModel, lifetimes
+from pooch_ext.sim.model import RECOMPUTE, SWAP, SimModel, lifetimes, per_search
 
 
 def in_core_time(model: SimModel) -> float:
@@ -42,7 +40,7 @@ def _floor_arrays(model: SimModel) -> tuple[float, np.ndarray, np.ndarray]:
         share[:, SWAP] = act.get("swap_out", 0.0) + act.get("swap_in", 0.0)
         share[:, RECOMPUTE] = model.rc_s + act.get("recompute", 0.0)
         return float(model.dur.sum()), share.ravel(), 3 * np.arange(model.m)
-    return _per_search(model, "compute_floor", make)
+    return per_search(model, "compute_floor", make)
 
 
 def link_bound(model: SimModel, codes: np.ndarray) -> float:
@@ -70,20 +68,10 @@ def link_bound(model: SimModel, codes: np.ndarray) -> float:
 def _link_arrays(model: SimModel) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(forward end of each forward op, seconds of the ops from each boundary on, the maps
     in producer order): what ``link_bound`` needs of ``model``, made once per search."""
-    return _per_search(model, "link_bound", lambda: (
+    return per_search(model, "link_bound", lambda: (
         np.cumsum(model.dur[:model.n_fwd]),
         np.concatenate([np.cumsum(model.dur[::-1])[::-1], [0.0]]),
         np.lexsort((np.arange(model.m), model.producer))))
-
-
-def _per_search(model: SimModel, key: str, make: Callable[[], Any]) -> Any:
-    """``make()``, kept in the search's memo (``sim.model.search_memo``) under ``key``;
-    made afresh outside a search."""
-    if model.memo is None:
-        return make()
-    if key not in model.memo:
-        model.memo[key] = make()
-    return model.memo[key]
 
 
 def _serial_done(ready: np.ndarray, seconds: np.ndarray) -> np.ndarray:

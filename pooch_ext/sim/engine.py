@@ -46,8 +46,9 @@ from pooch_ext.report.classtable import plan_table
 from pooch_ext.sim.budgets import resolve_budget, resolve_host_budget
 from pooch_ext.sim.configs import applied, choose
 from pooch_ext.sim.model import (RECOMPUTE, SWAP, Lifetimes, SimModel, codes_of, compile_profile,
-                                compute_to_come, host_level, host_peak, lifetimes, recompute_extra,
-                                static_top, swap_in_bound, swap_in_targets, swap_waits)
+                                compute_to_come, host_level, host_peak, lifetimes, per_search,
+                                recompute_extra, static_top, swap_in_bound, swap_in_targets,
+                                swap_waits)
 from pooch_ext.sim.timeline import Recorder, RunResult, Timeline, build_timeline
 
 EPS = 1e-12
@@ -109,6 +110,14 @@ def run(model: SimModel, codes: np.ndarray, timing: str = "early", budget: float
     return _Run(model, codes, timing, budget, record, configs, cutoff).walk().result(codes, host_budget)
 
 
+def plain_lists(model: SimModel) -> tuple[list, ...]:
+    """(so_s, si_s, rc_s, last_fwd, producer, dur) of ``model`` as lists, made once per
+    search: every run reads them one element at a time."""
+    return per_search(model, "engine_lists", lambda: tuple(
+        a.tolist() for a in (model.so_s, model.si_s, model.rc_s, model.last_fwd,
+                             model.producer, model.dur)))
+
+
 class _Run:
     """The boundary loop of one simulation: three engines (compute, D2H, H2D) walked boundary
     by boundary, placing the schedule's actions (paper 4.3). The static actions (swap-outs
@@ -138,10 +147,9 @@ class _Run:
         # this (a release lowers it, a swap-in gives back part of what its map's release took)
         self.over = set(np.flatnonzero(self.top[:self.n] > budget).tolist())
         self.dur_array, self.nbytes = dur, model.nbytes
-        self.so_s, self.si_s, self.dur, self.rc_s = (
-            model.so_s.tolist(), model.si_s.tolist(), dur.tolist(), model.rc_s.tolist())
-        self.last_fwd, self.first_at, self.end_at = (model.last_fwd.tolist(), life.first.tolist(),
-                                                     life.end.tolist())
+        self.so_s, self.si_s, self.rc_s, self.last_fwd, self.producer, fastest = plain_lists(model)
+        self.dur = fastest if peak is None else dur.tolist()
+        self.first_at, self.end_at = life.first.tolist(), life.end.tolist()
         self.unlimited, self.vdnn = not math.isfinite(budget), timing == "vdnn"
         # the runtime's host seconds per action: compute waits while the host issues them
         self.c_so, self.c_rel, self.c_si, self.c_wait, self.c_rc, self.c_free = (
@@ -180,7 +188,7 @@ class _Run:
         rc_at: dict[int, list[int]] = {}
         free_at: dict[int, list[int]] = {}
         end_at, last_fwd = self.end_at, self.last_fwd
-        producer, rc_point = self.model.producer.tolist(), life.rc_point.tolist()
+        producer, rc_point = self.producer, life.rc_point.tolist()
         for i, c in enumerate(codes.tolist()):
             free_at.setdefault(end_at[i], []).append(i)
             if c == SWAP:

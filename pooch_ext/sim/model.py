@@ -22,7 +22,7 @@ import pickle
 from collections import OrderedDict
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -271,6 +271,16 @@ def search_memo(model: SimModel) -> Iterator[None]:
             model.memo = None
 
 
+def per_search(model: SimModel, key: str, make: Callable[[], Any]) -> Any:
+    """``make()``, kept in the search's memo (``search_memo``) under ``key``: what every
+    simulation or bound of a search reads of ``model`` alone; made afresh outside a search."""
+    if model.memo is None:
+        return make()
+    if key not in model.memo:
+        model.memo[key] = make()
+    return model.memo[key]
+
+
 def swap_waits(model: SimModel, life: Lifetimes) -> tuple[dict[int, list[int]],
                                                            dict[int, list[int]]]:
     """Where compute waits for the swap-in of each swapped map, as {boundary: maps}: first
@@ -279,15 +289,29 @@ def swap_waits(model: SimModel, life: Lifetimes) -> tuple[dict[int, list[int]],
     recompute there)."""
     as_source: dict[int, list[int]] = {}
     as_need: dict[int, list[int]] = {}
+    own_split = per_search(model, "own_waits", lambda: [_split_needs(needs, set(needs))
+                                                        for needs in model.bwd_need])
     for i in np.flatnonzero(life.codes == SWAP).tolist():
-        own = set(model.bwd_need[i])
         needs = life.need[i]
-        for b in set(needs):
-            # lifetimes appends a source need after the map's own needs, repeating b if the
-            # op there needs it too: more than one entry (or one not its own) is a source
-            source = needs.count(b) > (b in own)
-            (as_source if source else as_need).setdefault(b, []).append(i)
+        # a list lifetimes did not grow is the model's: its split is made once per search
+        by_op, by_source = (own_split[i] if needs is model.bwd_need[i]
+                            else _split_needs(needs, set(model.bwd_need[i])))
+        for b in by_op:
+            as_need.setdefault(b, []).append(i)
+        for b in by_source:
+            as_source.setdefault(b, []).append(i)
     return as_source, as_need
+
+
+def _split_needs(needs: list[int], own: set[int]) -> tuple[list[int], list[int]]:
+    """(boundaries where only an op needs the map, boundaries where a recompute reads it):
+    lifetimes appends a source need after the map's own needs, repeating b if the op there
+    needs it too, so more than one entry (or one not its own) is a source."""
+    by_op: list[int] = []
+    by_source: list[int] = []
+    for b in set(needs):
+        (by_source if needs.count(b) > (b in own) else by_op).append(b)
+    return by_op, by_source
 
 
 def static_top(model: SimModel, life: Lifetimes, minimal: bool,
