@@ -20,6 +20,7 @@ import pooch_ext  # noqa: F401  (chainer import compat)
 import chainer
 
 from pooch_ext.hooks.ended_graphs import let_go, refuse_stale_backward
+from pooch_ext.hooks.update_stamps import UpdateStamps
 from pooch_ext.hooks.function_nodes import TAG
 from pooch_ext.hooks.graph import GraphRecorder
 from pooch_ext.hooks.inplace_relu import alone, as_chainer, write_over_input
@@ -83,6 +84,7 @@ class Executor(GraphRecorder):
         self.stats = IterationStats(-1)
         self.deviation = ""
         self.maps = MapActions(self)
+        self.update_stamps = UpdateStamps()      # rebuilds refused after an update (its module)
         self.on_demand = OnDemand(self)
         self.maps.restore_absent = self.on_demand.restore
         self._next_boundary = self._next_action = 0
@@ -199,6 +201,7 @@ class Executor(GraphRecorder):
 
     # ------------------------------------------------------------ GraphRecorder hooks
     def forward_preprocess(self, function: Any, in_data: tuple) -> None:
+        self.update_stamps.stamp(function)
         self._in_data = in_data
         try:
             super().forward_preprocess(function, in_data)

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from chainer.backend import get_array_module
 
 from pooch_ext.builder import nbytes_of
+from pooch_ext.errors import SpentGraphError
 from pooch_ext.hooks import codecs
 from pooch_ext.hooks.chainer_refs import (node_array, retained_outputs, set_node_array,
                                           set_retained_outputs, variable_array)
@@ -241,13 +242,25 @@ class MapActions:
         slot = self.slot(tensor)
         program = executor.program
         chain = program.chains.get(tensor) if program is not None else None
-        if not chain:
-            raise ExecutorError(f"tensor {tensor} has no recompute chain")
+        if not chain:       # kept, freed after its last use, and its ops cannot run again
+            raise SpentGraphError(
+                f"backward() needs tensor {tensor} again, which PoocH freed after its last use "
+                "(no backward pass the first iterations showed reads it later) and cannot "
+                "rebuild exactly (its forward ops cannot run again bit for bit); a loop that "
+                "runs a second backward() over a graph should run it in every iteration, "
+                "where PoocH keeps what it reads")
         values: dict[int, Any] = {}
         for k in chain:
             function = executor.functions[k]() if k < len(executor.functions) else None
             if function is None:
                 raise ExecutorError(f"recompute of tensor {tensor}: forward op {k} is gone")
+            if (changed := executor.update_stamps.changed_input(function)) is not None:
+                raise SpentGraphError(
+                    f"backward() needs a map of {type(function).__name__} again after an "
+                    f"update changed its parameter {getattr(changed, 'name', None)!r}: PoocH "
+                    "freed the map after its last use and would rebuild it from the updated "
+                    "parameter, where plain Chainer reads what the forward saved; run every "
+                    "backward over a graph before the update, or compute the loss again")
             inputs = []
             for node in function.inputs:
                 tag = getattr(node, TAG, None)

@@ -143,7 +143,12 @@ def compile_program(trace: GraphTrace, profile: Profile, schedule: pd.DataFrame,
         actions.setdefault(info.last_use + 1, []).append(("free", info.tensor, True))
     tensors = profile.tensors.set_index("tensor")
     recomputed = {t for _, a, t in rows if a == "recompute"}
-    chains = {t: [int(k) for k in tensors.at[t, "recompute_ops"]] for t in recomputed}
+    # every map that may be rebuilt has its chain: a later backward pass over the graph,
+    # which the profile did not show, finds a kept map freed after its last use (on-demand
+    # restore, hooks/ondemand.py); the maps a chain reads are restored the same way
+    rebuildable = set(tensors.index[tensors["can_recompute"].astype(bool)].astype(int))
+    chains = {t: [int(k) for k in tensors.at[t, "recompute_ops"]]
+              for t in recomputed | rebuildable}
     kinds = tensors["kind"]
     sources = {int(s) for t in recomputed for s in tensors.at[t, "recompute_sources"]
                if kinds.get(int(s)) == "input"}

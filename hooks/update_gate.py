@@ -36,6 +36,7 @@ class UpdateGate:
         self.around = around
         self.lifted = False
         self.on_optimizer: Callable[[Any], None] | None = None   # each update's optimizer
+        self.on_param: Callable[[Any], None] | None = None   # each parameter about to change
         self._originals: list[tuple[Any, str, Any]] = []
 
     def install(self) -> None:
@@ -48,6 +49,8 @@ class UpdateGate:
         def update(rule: Any, param: Any) -> Any:
             if not gate.lifted:
                 gate.before_update()
+            if gate.on_param is not None:
+                gate.on_param(param)
             with gate.around():
                 return rule_update(rule, param)
 

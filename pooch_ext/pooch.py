@@ -91,6 +91,9 @@ class PoocH(Refusals, PoochResults):
         check_chainer()        # a Chainer the runtime was not tested with is refused here
         check_policy(policy)        # an unknown name or a non-callable fails here
         self.models = Models(model)
+        if not self.models:     # nothing to count against the budget or put back on refusal
+            raise TypeError(f"PoocH needs the model it trains: a chainer Link or a list of "
+                            f"Links; got {model!r}")
         self.model = model
         self.profile_iters = check_count("profile_iters", profile_iters)
         self.budget_request = None if budget is None else parse_bytes(budget)
@@ -148,6 +151,7 @@ class PoocH(Refusals, PoochResults):
         _ACTIVE.append(self)
         self._gate.around = self.device.host_side   # an update's temporaries: update_gate.py
         self._gate.on_optimizer = self._remember_optimizer
+        self._gate.on_param = self.runtime.update_stamps.updated
         self._gate.install()
         if self.ranks is not None:
             self._allreduce = AllreduceMeter(self.ranks.comm, getattr(self.device, "counter",

@@ -594,6 +594,83 @@ def test_backward_over_an_earlier_iterations_graph_fails_with_a_clear_error(net)
     assert states_equal(*results)
 
 
+def _second_backward_once(when: str, at: int):
+    """A loop that runs backward over one iteration's graph a second time, only in
+    iteration ``at`` (the profile never shows it), before or after that iteration's update."""
+    def loop(model, optimizer, data, values) -> None:
+        for k, (x, t) in enumerate(data):
+            loss = F.softmax_cross_entropy(model(x), t)
+            model.cleargrads()
+            loss.backward()
+            if k == at and when == "before":
+                loss.backward()
+            optimizer.update()
+            if k == at and when == "after":
+                loss.backward()
+                optimizer.update()
+            values.append(float(loss.array))
+    return loop
+
+
+@pytest.mark.parametrize("net", ["mlp", "pool"])
+def test_a_second_backward_the_profile_never_saw_runs_bit_identical_before_the_update(net):
+    """A user trial: a second ``backward()`` in one planned iteration only crashed with
+    ExecutorError ("no recompute chain": a kept map freed after its last use), even where
+    the plan kept every map, and training went on differently. The pass now rebuilds what
+    it reads, as a restore on demand; after that iteration's update the rebuild would read
+    updated parameters where Chainer reads what the forward saved, so it is refused by name
+    instead of differing silently."""
+    from pooch_ext.errors import SpentGraphError
+
+    loop = _second_backward_once("before", at=4)
+    model, optimizer = fresh(net)
+    loop(model, optimizer, batches(6), [])
+    plain = model_state(model, optimizer)
+    floor = None
+    for budget in (None, "floor"):
+        model, optimizer = fresh(net)
+        if budget == "floor":
+            with pytest.raises(BudgetTooSmallError) as refused:
+                with PoocH(model, device=CpuDevice(), budget=1, profile_iters=2,
+                           verbose=False):
+                    loop(model, optimizer, batches(6), [])
+            floor = refused.value.minimum_bytes
+            model, optimizer = fresh(net)
+        with PoocH(model, device=CpuDevice(), budget=floor, profile_iters=2,
+                   verbose=False) as pooch:
+            loop(model, optimizer, batches(6), [])
+        assert pooch.plan is not None and pooch.runtime.history[4].on_demand > 0
+        assert states_equal(plain, model_state(model, optimizer)), budget
+    model, optimizer = fresh(net)
+    with pytest.raises(SpentGraphError, match="after an update changed its parameter"):
+        with PoocH(model, device=CpuDevice(), profile_iters=2, verbose=False):
+            _second_backward_once("after", at=4)(model, optimizer, batches(6), [])
+
+
+class _TanhNet(chainer.Chain):
+    def __init__(self) -> None:
+        super().__init__()
+        with self.init_scope():
+            self.a, self.b = L.Linear(None, 32), L.Linear(32, 10)
+
+    def forward(self, x):
+        return self.b(F.tanh(self.a(x)))
+
+
+def test_a_second_backward_that_needs_a_map_no_op_can_rebuild_is_refused_by_name():
+    """Tanh has no exact recompute rule: its kept output, freed after its last use, cannot
+    come back for a pass the profile never showed (it had been ExecutorError "no recompute
+    chain"); the error says why and what runs."""
+    from pooch_ext.errors import SpentGraphError
+
+    model = _TanhNet()
+    optimizer = chainer.optimizers.SGD()
+    optimizer.setup(model)
+    with pytest.raises(SpentGraphError, match="cannot rebuild exactly"):
+        with PoocH(model, device=CpuDevice(), profile_iters=2, verbose=False):
+            _second_backward_once("before", at=4)(model, optimizer, batches(6), [])
+
+
 def _nodes(loss) -> list:
     seen, stack, found = set(), [loss.creator_node], []
     while stack:

@@ -254,6 +254,15 @@ def test_arguments_of_the_wrong_kind_fail_when_pooch_is_made(arguments, error):
         PoocH(BranchyNet(), **arguments)
 
 
+@pytest.mark.parametrize("model", [None, [], ()])
+def test_no_model_is_refused_when_pooch_is_made(model):
+    """A user trial: ``PoocH(None)`` and ``PoocH([])`` trained on with no parameters,
+    gradients or optimizer state counted against the budget and nothing to put back on a
+    refusal."""
+    with pytest.raises(TypeError, match="a chainer Link or a list of Links"):
+        PoocH(model)
+
+
 def test_a_users_policy_may_return_classes_only_pooch_simulates_them():
     """``classify(profile, budget, link) -> Plan`` that never called the simulator: PoocH
     schedules the classes itself, under its budget, and training stays bit-identical."""
