@@ -403,6 +403,8 @@ class Executor(GraphRecorder):
             self.profiler.revisit_began()
         self.on_demand.restore_for(fwd_index)
         self.on_demand.after_op = []
+        if self.profiler is not None:
+            self.profiler.revisit_restored()
 
     def on_new_link(self, link: Any) -> None:
         self.device.note_resident(self.model)

@@ -23,10 +23,11 @@ def carried_bytes(profile: Profile, sample: Any, predicted: pd.DataFrame,
     next forward ends (what its nodes kept for a backward that ran goes as the iteration
     ends: Executor._drop_node_state), and a loop that clears gradients after its forward
     holds the last ones. That is what the device held as the first backward pass completed
-    above the model's level there (before the iteration end's own actions), at most those
-    gradients (``cleared`` bytes) and what nodes whose backward did not run keep (what else
-    is held may be for a later pass), or as the update began after more passes
-    (``chainer.grad``, then ``backward``: the graph then keeps the maps its nodes retain),
+    (or, after more passes, as the update began) above the model's level there (before the
+    iteration end's own actions), at most those gradients (``cleared`` bytes) and what
+    nodes whose backward did not run keep (what else is held is for a later pass, or goes
+    as the iteration ends: after more passes it had all been charged, and a user's loop
+    with two losses, each its own backward, was refused at 1.21 times its in-core need),
     charged to every forward op; the gradients of the network inputs that require one
     (``input_gradient_bytes``) also to every backward op. An upper bound: a loop that drops
     the graph, or clears gradients before its forward, carries nothing."""
@@ -38,7 +39,7 @@ def carried_bytes(profile: Profile, sample: Any, predicted: pd.DataFrame,
                               else "bytes"].iloc[boundary])
         ran = sample.trace.backward_ran
         graded = input_gradient_bytes(sample.trace)
-        own = math.inf if every_pass else sum(
+        own = sum(
             nbytes for k, nbytes in sample.saved_bytes.items() if k not in ran) + cleared \
             + graded
         n_fwd = len(profile.forward_ops)
