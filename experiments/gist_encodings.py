@@ -75,7 +75,8 @@ def _given(plain_profile, plain_plan, classify):
     return classify_one
 
 
-def pooch_rows(networks: list[tuple[str, int]], budget: str | None = None) -> list[dict]:
+def pooch_rows(networks: list[tuple[str, int]], budget: str | None = None,
+               fractions: tuple[float, ...] = FRACTIONS) -> list[dict]:
     rows = []
     pooch = get_policy("pooch").classify
     jobs = [(m, b, link) for m, b in networks for link in common.PAPER_LINKS]
@@ -83,7 +84,7 @@ def pooch_rows(networks: list[tuple[str, int]], budget: str | None = None) -> li
         p = common.profile(model, batch)
         floor, floor_encoded = least_budget(p, "lossless")
         budgets = {budget or "16GB": common.budget_bytes(p, budget)}
-        for f in FRACTIONS:
+        for f in fractions:
             budgets[f"{f:g} of the way"] = int(floor + f * (p.incore_peak_bytes - floor))
         for where, nbytes in budgets.items():
             if nbytes >= p.incore_peak_bytes:
@@ -124,13 +125,16 @@ def main(argv: list[str] | None = None) -> int:
                     help="model:batch for the footprints (default %(default)s)")
     ap.add_argument("--pooch", nargs="+", type=common.case, default=list(POOCH_NETWORKS),
                     help="model:batch for PoocH with and without (default %(default)s)")
+    ap.add_argument("--fractions", nargs="+", type=float, default=list(FRACTIONS),
+                    help="budgets as fractions of the way from the smallest to the in-core need "
+                         "(default %(default)s)")
     args = ap.parse_args(argv)
     out = args.out_dir
     out.mkdir(parents=True, exist_ok=True)
     reduction = pd.DataFrame(reduction_rows(args.networks))
     reduction.to_csv(out / "reduction.csv", index=False)
     plot(reduction, out / "reduction.png")
-    table = pd.DataFrame(pooch_rows(args.pooch, args.budget))
+    table = pd.DataFrame(pooch_rows(args.pooch, args.budget, tuple(args.fractions)))
     table.to_csv(out / "pooch.csv", index=False)
     print(reduction[["network", "batch", "setting", "reduction", "reduction_without_inplace",
                      "encoded_maps", "inplace_relus"]].to_string(index=False))

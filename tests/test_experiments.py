@@ -344,7 +344,7 @@ def test_gist_encodings(tmp_path):
     import gist_encodings as gist
 
     assert gist.main(["--out-dir", str(tmp_path), "--networks", "small-resnet:32",
-                      "--pooch", "small-resnet:32"]) == 0
+                      "--pooch", "small-resnet:32", "--fractions", "0", "0.5"]) == 0
     outputs = check_outputs(tmp_path, ["reduction.csv", "pooch.csv"], ["reduction.png"])
     reduction = outputs["reduction.csv"].set_index("setting")
     assert list(reduction.index) == ["lossless", "lossless+dpr", "lossless+dpr8"]
@@ -353,7 +353,7 @@ def test_gist_encodings(tmp_path):
         reduction.reduction["lossless"] >= reduction.reduction_without_inplace["lossless"]
     assert (reduction.reduction == (reduction.incore_bytes / reduction.encoded_bytes).round(3)).all()
     table = outputs["pooch.csv"]
-    assert table.feasible.all() and len(table) == 2 * 2 * 3   # links x budgets x with/without
+    assert table.feasible.all() and len(table) == 2 * 2 * 2   # links x budgets x with/without
     wide = table.pivot_table(index=["link", "budget"], columns="encodings",
                              values=["images_per_s", "minimum_bytes"])
     # never slower, never a larger smallest budget, with encodings
