@@ -143,6 +143,8 @@ def measure(call: ConvCall, xp: Any, counter: Any = None, repeats: int = 2,
     y, = original_compute_core(new_conv(), xp)(x, W, b)
     gy = split_exact.probe(xp, call.gy or split_exact.layout(xp.ascontiguousarray(y)), 4)
     del y
+    # the input as a backward after its swap reads it: its weight gradient checked there too
+    x_back = [split_exact.probe(xp, layout, 1) for layout in split_exact.restored_layouts(call.x)]
     forward_core, input_core, weight_core = cores
     if not call.nd:
         deconv._calc_out_size(gy.shape, W.shape)
@@ -161,6 +163,8 @@ def measure(call: ConvCall, xp: Any, counter: Any = None, repeats: int = 2,
             gx = split_exact.run_part(deconv, input_core, (gy, W, None), pieces, True) \
                 if call.wants_gx else None
             gW = split_exact.run_part(grad_w, weight_core, (x, gy), pieces, True)
+            for restored in x_back:
+                split_exact.run_part(grad_w, weight_core, (restored, gy), pieces, True)
             return gx, gW
         return run
 
