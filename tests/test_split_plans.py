@@ -464,8 +464,10 @@ def test_a_convolution_of_a_channel_slice_splits_as_profiled_after_a_swap():
     lay above the in-core need. The restored layouts are checked with the view's: that
     budget holds in every iteration, bit-identical."""
     batches = synthetic_batches(6, 32, (3, 16, 16), 10)
-    run = (lambda budget, pooch=True: trained(_ChannelSliceNet, batches, dict(
-        profile_iters=3, budget=budget, device=CpuDevice(), verbose=False) if pooch else None))
+
+    def run(budget, pooch=True):
+        return trained(_ChannelSliceNet, batches, dict(
+            profile_iters=3, budget=budget, device=CpuDevice(), verbose=False) if pooch else None)
     _, plain_state = run(None, pooch=False)
     with pytest.raises(BudgetTooSmallError) as refused:
         run(1)
