@@ -49,8 +49,8 @@ class UpdateGate:
         def update(rule: Any, param: Any) -> Any:
             if not gate.lifted:
                 gate.before_update()
-            if gate.on_param is not None:
-                gate.on_param(param)
+            if gate.on_param is not None and rule.enabled and param.grad is not None:
+                gate.on_param(param)          # a rule disabled or without a gradient skips it
             with gate.around():
                 return rule_update(rule, param)
 
