@@ -42,3 +42,24 @@ def refuse_stale_backward(function: Any) -> None:
             "backward ran (as a plan frees every map after its last use), so under PoocH a "
             "graph runs backward only in the iteration that built it: compute the loss "
             "again for a later backward")
+
+
+def guard_spent(functions: list) -> None:
+    """Leaving PoocH: no hook sees a backward pass any more, so each node of the last graph
+    (weak references) that misses what PoocH freed raises SpentGraphError itself should
+    Chainer run its backward again (a user trial's second ``backward()`` after the block
+    had failed deep inside the node: AttributeError on None, or a TypeError)."""
+    for ref in functions:
+        node = ref()
+        if node is not None and misses_saved(node):
+            node.backward = _spent_backward(type(node).__name__)
+
+
+def _spent_backward(name: str) -> Any:
+    def backward(*args: Any, **kwargs: Any) -> Any:
+        raise SpentGraphError(
+            f"backward() reached {name} of a graph built under PoocH after its block ended; "
+            "PoocH freed the arrays it saved for backward after that backward ran (as a plan "
+            "frees every map after its last use), so run every backward over such a graph "
+            "inside the block, or compute the loss again")
+    return backward

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import pooch_ext  # noqa: F401  (chainer import compat)
 import chainer
 
-from pooch_ext.hooks.ended_graphs import let_go, refuse_stale_backward
+from pooch_ext.hooks.ended_graphs import guard_spent, let_go, refuse_stale_backward
 from pooch_ext.hooks.update_stamps import UpdateStamps
 from pooch_ext.hooks.function_nodes import TAG
 from pooch_ext.hooks.graph import GraphRecorder
@@ -105,6 +105,7 @@ class Executor(GraphRecorder):
         for param in self._lazy:        # never made under PoocH: made as Chainer makes it
             not_apart(param)
         super().__exit__(*exc)
+        guard_spent(self.functions)
 
     def abandon(self, restore: bool = False) -> None:
         """Forget the iteration in progress (after an error): nothing more is run for it.

@@ -647,6 +647,40 @@ def test_a_second_backward_the_profile_never_saw_runs_bit_identical_before_the_u
             _second_backward_once("after", at=4)(model, optimizer, batches(6), [])
 
 
+def test_backward_after_the_block_runs_or_fails_by_name():
+    """After the ``with`` block no hook sees a backward: a graph whose backward never ran
+    inside runs it there, bit-identical to plain Chainer; one whose saved arrays PoocH freed
+    raises SpentGraphError (a user trial: Chainer's AttributeError on None inside the node)."""
+    from pooch_ext.errors import SpentGraphError
+
+    def steps(model, optimizer, data, pooch: bool, last_backward_inside: bool):
+        block = PoocH(model, device=CpuDevice(), profile_iters=2, verbose=False) if pooch \
+            else contextlib.nullcontext()
+        with block:
+            for k, (x, t) in enumerate(data):
+                loss = F.softmax_cross_entropy(model(x), t)
+                if k == len(data) - 1 and not last_backward_inside:
+                    break
+                model.cleargrads()
+                loss.backward()
+                optimizer.update()
+        return loss
+
+    states = []
+    for pooch in (False, True):
+        model, optimizer = fresh("pool")
+        loss = steps(model, optimizer, batches(5), pooch, last_backward_inside=False)
+        model.cleargrads()
+        loss.backward()                 # the first backward of that graph, after the block
+        optimizer.update()
+        states.append(model_state(model, optimizer))
+    assert states_equal(*states)
+    model, optimizer = fresh("pool")
+    loss = steps(model, optimizer, batches(5), True, last_backward_inside=True)
+    with pytest.raises(SpentGraphError, match="after its block ended"):
+        loss.backward()
+
+
 class _TanhNet(chainer.Chain):
     def __init__(self) -> None:
         super().__init__()
