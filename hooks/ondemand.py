@@ -35,6 +35,19 @@ class OnDemand:
         tensors = self.executor.trace.tensors
         return [t for t in dict.fromkeys(kept) if tensors[t].producer >= 0]
 
+    def held_by_the_loop(self) -> bool:
+        """Whether a Variable still refers to a map made so far in this iteration. A forward
+        pass that begins then does not follow a forward-only one to drop (an unrolled RNN's
+        steps before one backward: the state links each step to the next; restarting the
+        plan at each step had brought every swapped map of the steps before back, a user's
+        truncated-BPTT segment 32% over its budget)."""
+        maps, tensors = self.executor.maps, self.executor.trace.tensors
+        for tensor, record in enumerate(tensors):
+            node = maps.node(tensor) if record.producer >= 0 else None
+            if node is not None and node.get_variable_or_none() is not None:
+                return True
+        return False
+
     def watch(self, tensors: list[int]) -> None:
         """Swap ``tensors`` out as soon as no Variable refers to them."""
         self.candidates.extend(t for t in tensors if t not in self.candidates)
