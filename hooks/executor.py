@@ -271,8 +271,8 @@ class Executor(GraphRecorder):
             return False
         sources = [None] * len(in_data)
         name = type(function).__name__
-        if not self.deviation and not self.program.matches(index, name, sources, in_data) \
-                or self.deviation and self.on_demand.held_by_the_loop():
+        if (not self.deviation and not self.program.matches(index, name, sources, in_data)) \
+                or (self.deviation and self.on_demand.held_by_the_loop()):
             return False
         for candidate in [self.program] + self.catalog():
             if not candidate.matches(0, name, sources, in_data):
