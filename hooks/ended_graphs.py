@@ -7,15 +7,16 @@ from typing import Any
 
 from pooch_ext.errors import SpentGraphError
 from pooch_ext.hooks.chainer_refs import retained_outputs, set_node_array, set_retained_outputs
-from pooch_ext.hooks.function_nodes import (SPENT, misses_saved, node_state, orphan_inputs,
-                                             orphan_outputs)
+from pooch_ext.hooks.function_nodes import (SPENT, misses_saved, node_state, saved_inputs,
+                                             saved_outputs)
 
 
 def let_go(functions: list, ran: set[int]) -> None:
     """The nodes (weak references, by forward op) whose backward ran (``ran``) drop what
-    they kept for it (pooling argmax, BatchNormalization statistics, inputs no Variable
-    holds: the last batch; outputs no Variable holds, which a later backward pass had
-    back), so the next forward holds none of it (measured: 1.57 MB of argmax on a
+    they kept for it (pooling argmax, BatchNormalization statistics, retained inputs and
+    outputs but the parameters': the last batch, a map a later backward pass had back, one
+    a Variable the model keeps still holds: hooks/function_nodes.saved_inputs), so the next
+    forward holds none of it (measured: 1.57 MB of argmax on a
     three-convolution net at batch 32, 15% of its smallest budget; a user's CNN kept its
     last 192 KiB batch, and a budget at the first check's minimum was overrun; a user's
     small GAN kept 197 KB of generator maps into the next forward)."""
@@ -25,7 +26,7 @@ def let_go(functions: list, ran: set[int]) -> None:
             for owner, name, _ in node_state(node, set(), adapted=True):
                 setattr(owner, name, None)
                 setattr(node, SPENT, True)
-            for variable_node in orphan_inputs(node) + orphan_outputs(node):
+            for variable_node in saved_inputs(node) + saved_outputs(node):
                 set_node_array(variable_node, None)
             kept = retained_outputs(node)
             if kept is not None and any(array is not None for array in kept):
