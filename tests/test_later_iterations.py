@@ -730,8 +730,8 @@ def test_truncated_bptt_segments_hold_the_budget_from_the_first_one_with_state()
     assert states_equal(plain, state)
 
 
-class _KeepsMid(chainer.Chain):
-    """Keeps an intermediate Variable of its last forward (``self.mid``), as a user's did."""
+class _Trunk(chainer.Chain):
+    """A user trial's MLP: four hidden layers of 128 (its heads and habits in subclasses)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -739,6 +739,16 @@ class _KeepsMid(chainer.Chain):
             self.inp = L.Linear(32, 128)
             self.hs = chainer.ChainList(*[L.Linear(128, 128) for _ in range(4)])
             self.out = L.Linear(128, 10)
+
+
+def _trunk_batches(n: int) -> list:
+    rng = np.random.RandomState(5)
+    return [(rng.randn(256, 32).astype(np.float32), rng.randint(0, 10, 256).astype(np.int32))
+            for _ in range(n)]
+
+
+class _KeepsMid(_Trunk):
+    """Keeps an intermediate Variable of its last forward (``self.mid``), as a user's did."""
 
     def forward(self, x):
         h = F.relu(self.inp(x))
@@ -755,9 +765,7 @@ def test_an_intermediate_the_model_keeps_goes_with_its_variable_though_the_loop_
     beside the Variable (only arrays no Variable held were dropped), so once ``self.mid``
     moved on, the graph the loop kept held it through the next backward: the swap-all
     profiling iterations 2.9% over an accepted budget. Now within it, bit-identical."""
-    rng = np.random.RandomState(5)
-    data = [(rng.randn(256, 32).astype(np.float32), rng.randint(0, 10, 256).astype(np.int32))
-            for _ in range(6)]
+    data = _trunk_batches(6)
 
     def run(budget):
         np.random.seed(0)
@@ -809,14 +817,7 @@ def test_a_second_backward_that_needs_a_map_no_op_can_rebuild_is_refused_by_name
             _second_backward_once("before", at=4)(model, optimizer, batches(6), [])
 
 
-class _TwoHeads(chainer.Chain):
-    def __init__(self) -> None:
-        super().__init__()
-        with self.init_scope():
-            self.inp = L.Linear(32, 128)
-            self.hs = chainer.ChainList(*[L.Linear(128, 128) for _ in range(4)])
-            self.out = L.Linear(128, 10)
-
+class _TwoHeads(_Trunk):
     def forward(self, x):
         h, hs = F.relu(self.inp(x)), []
         for link in self.hs:
@@ -845,9 +846,7 @@ def test_a_later_pass_is_not_charged_for_what_the_update_no_longer_needs():
     later pass's peak plus every map off the device as it began, still an upper bound:
     ``test_a_gan_budget_the_checks_accept_holds_in_later_iterations`` needs it), which runs
     within the budget, bit-identical."""
-    rng = np.random.RandomState(5)
-    data = [(rng.randn(256, 32).astype(np.float32), rng.randint(0, 10, 256).astype(np.int32))
-            for _ in range(5)]
+    data = _trunk_batches(5)
 
     def run(budget):
         np.random.seed(0)
