@@ -32,7 +32,8 @@ def _parse(argv):
     parser.add_argument("--budget", default="16GiB")
     parser.add_argument("--links", nargs="+", default=["pcie3", "nvlink2"])
     parser.add_argument("--repeat", type=int, default=3, help="timed runs of pooch per case")
-    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--out", type=Path, default=OUT,
+                        help="output folder (default %(default)s, the committed results)")
     return parser.parse_args(argv)
 
 

@@ -36,7 +36,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                              "configurations were up to a fifth faster than Chainer's whole im2col "
                              "on this CPU, which hid the runtime's own cost)")
     parser.add_argument("--gpu", action="store_true", help="run on the current CUDA device")
-    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--out", type=Path, default=OUT,
+                        help="output folder (default %(default)s, the committed results)")
     return parser.parse_args(argv)
 
 

@@ -65,7 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ops", type=int, default=40)
     parser.add_argument("--copies", type=int, default=24)
     parser.add_argument("--mib", type=float, default=16.0)
-    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--out", type=Path, default=OUT,
+                        help="output folder (default %(default)s, the committed results)")
     args = parser.parse_args(argv)
     fast = Link("memcpy", 1e15, 1e15, 0.0)       # no emulated limit: the real copy is the cost
     device = CpuDevice(link=fast)
