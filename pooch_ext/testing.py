@@ -323,23 +323,25 @@ def trained(make_model: Callable[[], chainer.Link], batches: list, pooch: dict |
     return result, model_state(model, optimizer)
 
 
-def at_first_minimum(train: Callable[..., tuple[Any, dict]]) -> tuple[Any, int]:
+def at_first_minimum(train: Callable[..., tuple[Any, dict]], margin: float = 1.0
+                     ) -> tuple[Any, int]:
     """``train(budget, pooch=True) -> (its PoocH or a null block, model_state)`` run plainly,
     at ``budget=1`` (refused: BudgetTooSmallError expected) and at the minimum that refusal
-    named: that run's PoocH and the minimum, its training checked bit-identical to plain
-    Chainer's (what the later-iteration tests check a first minimum by)."""
+    named (times ``margin``): that run's PoocH and its budget, its training checked
+    bit-identical to plain Chainer's (what the later-iteration tests check a first minimum
+    by)."""
     from pooch_ext.errors import BudgetTooSmallError
 
     _, plain_state = train(None, pooch=False)
     try:
         train(1)
     except BudgetTooSmallError as refused:
-        minimum = refused.minimum_bytes
+        budget = int(refused.minimum_bytes * margin)
     else:
         raise AssertionError("budget=1 was accepted")
-    pooch, state = train(minimum)
+    pooch, state = train(budget)
     assert states_equal(state, plain_state)
-    return pooch, minimum
+    return pooch, budget
 
 
 class SplitRuns(NamedTuple):
