@@ -33,15 +33,14 @@ def carried_bytes(profile: Profile, sample: Any, predicted: pd.DataFrame,
     the graph, or clears gradients before its forward, carries nothing."""
     carried = np.zeros(len(predicted), np.int64)
     if sample.first and sample.end is not None and sample.end[0] < len(predicted):
-        boundary, held, every_pass = sample.end
+        boundary, held, _ = sample.end      # after one pass or more, the same rule
         # at the iteration's last boundary, its own actions came after the measurement
         level = int(predicted["bytes_before" if boundary == len(predicted) - 1
                               else "bytes"].iloc[boundary])
         ran = sample.trace.backward_ran
         graded = input_gradient_bytes(sample.trace)
-        own = sum(
-            nbytes for k, nbytes in sample.saved_bytes.items() if k not in ran) + cleared \
-            + graded
+        own = sum(nbytes for k, nbytes in sample.saved_bytes.items() if k not in ran) \
+            + cleared + graded
         n_fwd = len(profile.forward_ops)
         carried[:n_fwd] = max(0, min(held - level, own)) + caller_held_bytes(sample.trace)
         carried[n_fwd:] += graded     # made as the first backward ended: held through it later
