@@ -226,17 +226,21 @@ class Profiler:
         had been counted twice, 0.26 MB of a user's GAN's 1.2 MB over-refusal)."""
         if self._stale is None and self._grads_after_first is not None:
             self._stale = self._grads_after_first - self.executor.gradients_held()
-        device = self.executor.device
-        counter = getattr(device, "counter", None)
-        if counter is not None and self._end is not None and self._timing is None:
+        if self._measuring_tail():
+            device = self.executor.device
             self._tail_upper = max(self._tail_upper,
-                                   device.held(counter.window()) + self._tail_host)
+                                   device.held(device.counter.window()) + self._tail_host)
 
     def revisit_restored(self) -> None:
         """The op a later pass reached has what it reads back: the next stretch begins."""
-        counter = getattr(self.executor.device, "counter", None)
-        if counter is not None and self._end is not None and self._timing is None:
+        if self._measuring_tail():
             self._tail_host = self.executor.maps.absent_bytes()
+
+    def _measuring_tail(self) -> bool:
+        """Whether later passes are measured stretch by stretch: memory counted, the first
+        pass over, no op timed."""
+        return (getattr(self.executor.device, "counter", None) is not None
+                and self._end is not None and self._timing is None)
 
     def iteration_ending(self) -> None:
         self._stop()
