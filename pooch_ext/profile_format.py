@@ -179,18 +179,25 @@ EXPECTED = {parse_int: "an integer", _parse_held: "an integer", _parse_float: "a
 
 def parse_frame(table: str, rows: list[dict] | pd.DataFrame, problems: list[Problem]) -> pd.DataFrame:
     """Rows as a frame with exactly the contract's columns and cell types; what cannot be
-    read goes to ``problems`` (a missing number or boolean column, an unreadable cell)."""
+    read goes to ``problems`` (a missing number or boolean column, an unreadable cell).
+    (Read column by column from the rows as given: a profile is built every profiled
+    iteration, and a frame made first, then cell by cell, cost most of that.)"""
     columns = TABLES[table]
-    frame = pd.DataFrame(rows)
-    parsed = {}
+    cells_of = _column_cells(rows)
+    parsed: dict[str, Any] = {}
     for column in columns:
-        if column.name not in frame.columns:
+        cells = cells_of(column.name)
+        if cells is None:
             if column.parse in SCALAR_TYPES:
                 problems.append(Problem(table, None, column.name, "missing"))
                 continue
-            frame[column.name] = pd.Series(dtype=object)
+            cells = [math.nan] * len(rows)
+        typed = _already_typed(column, cells)
+        if typed is not None:
+            parsed[column.name] = typed
+            continue
         values = []
-        for row, cell in enumerate(frame[column.name]):
+        for row, cell in enumerate(cells):
             try:
                 values.append(column.parse(cell))
             except (ValueError, TypeError, OverflowError) as error:
@@ -198,14 +205,32 @@ def parse_frame(table: str, rows: list[dict] | pd.DataFrame, problems: list[Prob
                 problems.append(Problem(table, row, column.name, f"cannot read {cell!r} as "
                                                                  f"{EXPECTED[column.parse]}{why}"))
                 break
-        parsed[column.name] = values
+        parsed[column.name] = (np.asarray(values, dtype=SCALAR_TYPES[column.parse])
+                               if column.parse in SCALAR_TYPES else values)
     if problems:
-        return frame
-    out = pd.DataFrame(parsed, columns=[c.name for c in columns])
-    for column in columns:
-        if column.parse in SCALAR_TYPES:
-            out[column.name] = out[column.name].astype(SCALAR_TYPES[column.parse])
-    return out
+        return pd.DataFrame(rows)
+    return pd.DataFrame(parsed, columns=[c.name for c in columns])
+
+
+def _column_cells(rows: list[dict] | pd.DataFrame) -> Callable[[str], Any]:
+    """name -> that column's cells (None where no row has it): a frame's column, or dict
+    rows' values as given (NaN where a row lacks a key another row has)."""
+    if isinstance(rows, pd.DataFrame):
+        return lambda name: rows[name] if name in rows.columns else None
+    names = set().union(*rows) if rows else set()
+    return lambda name: [row.get(name, math.nan) for row in rows] if name in names else None
+
+
+def _already_typed(column: Column, cells: list | pd.Series) -> np.ndarray | None:
+    """A frame's number or boolean column that already has its type (every cell read as it
+    is), or None: then each cell is read."""
+    kind = {parse_int: "i", _parse_float: "f", _parse_bool: "b"}.get(column.parse)
+    if kind is None or not isinstance(cells, pd.Series) or cells.dtype.kind != kind:
+        return None
+    array = cells.to_numpy()
+    if kind == "i" and len(array) and max(int(array.max()), -int(array.min())) > MAX_BYTES:
+        return None
+    return array.astype(SCALAR_TYPES[column.parse])
 
 
 def read_header(path: Path) -> dict:
