@@ -168,7 +168,8 @@ MEMORY_COLUMNS = (
     Column("bytes", parse_int), Column("tensor", parse_int), Column("category", _parse_str),
 )
 TABLES = {"ops": OPS_COLUMNS, "tensors": TENSORS_COLUMNS, "memory": MEMORY_COLUMNS}
-SCALAR_TYPES = {parse_int: "int64", _parse_float: "float64", _parse_bool: bool}
+SCALAR_TYPES: dict[Callable[[Any], Any], Any] = {parse_int: "int64", _parse_float: "float64",
+                                                 _parse_bool: bool}
 EXPECTED = {parse_int: "an integer", _parse_held: "an integer", _parse_float: "a number",
             _parse_bool: "true or false", _parse_runtime: "a number", _parse_rerun: "a number",
             _parse_fraction: "a number",
