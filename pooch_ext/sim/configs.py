@@ -10,7 +10,7 @@ op's smallest peak. A plan may also fix the configurations (``Plan.configs``, op
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
@@ -26,9 +26,17 @@ class OpConfigs:
     pieces: list[np.ndarray]
     dur: list[np.ndarray]
     peak: list[np.ndarray]
+    _table: "_Table | None" = field(default=None, init=False, repr=False, compare=False)
 
     def __len__(self) -> int:
         return len(self.ops)
+
+    def table(self) -> "_Table":
+        """The configurations as rectangles (made once): ``choose`` and ``applied`` run in
+        every simulation, and a NumPy call per op there cost a third of a classification."""
+        if self._table is None:
+            self._table = _Table.of(self)
+        return self._table
 
     def pieces_of(self, chosen: np.ndarray) -> dict[int, int]:
         """op -> pieces for the chosen configurations that are not whole."""
@@ -51,6 +59,27 @@ class OpConfigs:
                 raise ValueError(f"op {op} has no configuration of {pieces} pieces")
             chosen[j] = int(match[0])
         return chosen
+
+
+@dataclass(frozen=True)
+class _Table:
+    """One row per op with alternatives, padded to the most configurations: seconds, peak
+    bytes, which cells are real, and each row's smallest-peak configuration."""
+
+    dur: np.ndarray
+    peak: np.ndarray
+    real: np.ndarray
+    smallest: np.ndarray
+
+    @staticmethod
+    def of(configs: OpConfigs) -> "_Table":
+        rows, width = len(configs.ops), max((len(p) for p in configs.peak), default=0)
+        dur, peak = np.zeros((rows, width)), np.zeros((rows, width), np.int64)
+        real = np.zeros((rows, width), bool)
+        for j, (d, p) in enumerate(zip(configs.dur, configs.peak)):
+            dur[j, :len(d)], peak[j, :len(p)], real[j, :len(p)] = d, p, True
+        smallest = np.array([int(np.argmin(p)) for p in configs.peak], np.int64)
+        return _Table(dur, peak, real, smallest)
 
 
 def compile_configs(ops: pd.DataFrame, op_of: np.ndarray, signed: np.ndarray,
@@ -98,19 +127,18 @@ def choose(configs: OpConfigs, tight_level: np.ndarray, extra: np.ndarray,
     """Per op with alternatives, the fastest configuration whose top (the op's tightest
     level plus the larger of its peak and a recompute's extra there) fits ``budget``; where
     none does, the smallest."""
-    chosen = np.empty(len(configs.ops), np.int64)
-    for j, k in enumerate(configs.ops):
-        tops = tight_level[k] + np.maximum(configs.peak[j], extra[k])
-        fits = np.flatnonzero(tops <= budget)
-        chosen[j] = fits[0] if len(fits) else int(np.argmin(configs.peak[j]))
-    return chosen
+    table, ops = configs.table(), configs.ops
+    tops = tight_level[ops][:, None] + np.maximum(table.peak, extra[ops][:, None])
+    fits = (tops <= budget) & table.real
+    return np.where(fits.any(axis=1), fits.argmax(axis=1), table.smallest)
 
 
 def applied(configs: OpConfigs, chosen: np.ndarray, dur: np.ndarray, peak_inc: np.ndarray
             ) -> tuple[np.ndarray, np.ndarray]:
     """(seconds, peak) per op with the chosen configurations in place."""
     dur, peak_inc = dur.copy(), peak_inc.copy()
-    for j, k in enumerate(configs.ops):
-        dur[k] = configs.dur[j][chosen[j]]
-        peak_inc[k] = configs.peak[j][chosen[j]]
+    if len(configs.ops):
+        table, rows = configs.table(), np.arange(len(configs.ops))
+        dur[configs.ops] = table.dur[rows, chosen]
+        peak_inc[configs.ops] = table.peak[rows, chosen]
     return dur, peak_inc
