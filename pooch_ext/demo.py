@@ -12,8 +12,9 @@
    (the device's malloc/free events while profiling), losses.csv, loss.png (both loss curves),
    timeline.png (the plan's simulated timeline), summary.json.
 
-The budget is ``--budget-fraction`` of the in-core need, raised to just above the smallest
-budget any plan can reach when the fraction is below it (the demo says so). The data are a
+The budget is ``--budget-fraction`` of the in-core need; when that is below the smallest
+budget any plan can reach, it is raised to 5% of the way from that smallest budget to the
+in-core need (the demo says so, with both figures). The data are a
 learnable synthetic task (labels from a fixed random linear teacher, a few epochs over eight
 batches), so the loss falls.
 """
@@ -28,6 +29,9 @@ from typing import Any
 import numpy as np
 
 from pooch_ext.errors import BudgetTooSmallError
+
+# where --budget-fraction is below any plan's minimum: this far from it to the in-core need
+FALLBACK_WAY = 0.05
 
 OUT = Path("results") / "demo"
 
@@ -166,8 +170,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _choose_budget(args: argparse.Namespace, gpu: bool, where: str) -> dict:
-    """Measure the in-core need, then the budget: ``--budget-fraction`` of it, or just above
-    the smallest budget any plan reaches where that is below it (with a note)."""
+    """Measure the in-core need, then the budget: ``--budget-fraction`` of it, or, where that
+    is below the smallest budget any plan reaches, ``FALLBACK_WAY`` of the way from there to
+    the in-core need (with a note)."""
     from pooch_ext.measure import measured_profile
     from pooch_ext.sim.budgets import budget_between, minimum_budget
     from pooch_ext.units import format_bytes
@@ -177,10 +182,11 @@ def _choose_budget(args: argparse.Namespace, gpu: bool, where: str) -> dict:
     budget = int(args.budget_fraction * incore)
     note = ""
     if budget < floor:
-        budget = budget_between(probe, 0.05)
+        budget = budget_between(probe, FALLBACK_WAY)
         note = (f"{args.budget_fraction:.0%} of the in-core need is below the smallest budget "
                 f"any plan reaches ({format_bytes(floor)}, {floor / incore:.0%}); using "
-                f"{format_bytes(budget)}")
+                f"{format_bytes(budget)}, {FALLBACK_WAY:.0%} of the way from there to the "
+                f"in-core need")
     print(f"{args.model}, batch {args.batch}, on the {where}: in-core needs "
           f"{format_bytes(incore)}; budget {format_bytes(budget)} ({budget / incore:.0%})"
           + (f"\n  note: {note}" if note else ""), file=sys.stderr)

@@ -250,3 +250,20 @@ def test_the_demo_says_when_the_chosen_policy_has_no_plan_within_its_budget(tmp_
     err = capsys.readouterr().err
     assert code == 2 and "policy sqrt-n cannot fit" in err and "--budget-fraction" in err
     assert "Traceback" not in err
+
+
+def test_the_demo_raises_a_fraction_below_any_plans_minimum_and_says_by_how_much(tmp_path,
+                                                                                 capsys):
+    """A user trial read "just above the smallest budget" and found the budget 18% above it:
+    the fallback is FALLBACK_WAY of the way from that minimum to the in-core need, and the
+    note now says so with both figures."""
+    from pooch_ext.demo import FALLBACK_WAY, _choose_budget, _parse
+
+    args = _parse(["--batch", "8", "--budget-fraction", "0.01", "--out", str(tmp_path / "d")])
+    need = _choose_budget(args, False, "CPU device")
+    floor, incore = need["minimum_budget_bytes"], need["incore_need_bytes"]
+    assert floor < need["budget_bytes"] < incore
+    assert need["budget_bytes"] == pytest.approx(floor + FALLBACK_WAY * (incore - floor), abs=1)
+    err = capsys.readouterr().err
+    assert "below the smallest budget any plan reaches" in err
+    assert f"{FALLBACK_WAY:.0%} of the way from there to the in-core need" in err
