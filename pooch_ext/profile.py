@@ -212,6 +212,7 @@ class Profile:
             "ops": self.n_ops,
             "forward_ops": int(len(self.forward_ops)),
             "backward_ops": int(len(self.backward_ops)),
+            "update_ops": int((self.ops.phase == "update").sum()),
             "tensors": int(len(self.tensors)),
             "feature_maps": int(len(self.feature_maps)),
             "feature_map_bytes": self.feature_map_bytes,

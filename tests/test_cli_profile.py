@@ -29,6 +29,8 @@ def test_profile_text_summary(capsys):
     text = capsys.readouterr().out
     assert "in-core peak" in text and "needs out-of-core" in text
     assert len(text.splitlines()) <= 12
+    # the op count's one beyond forward + backward is named (a user trial could not place it)
+    assert "ops              353 (176 forward, 176 backward, the optimizer update)" in text
     assert main(["profile", "--model", "resnext101-3d", "--batch", "1",
                  "--input-size", "16x64x64", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["input_size"] == "3x16x64x64"

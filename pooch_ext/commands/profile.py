@@ -74,7 +74,8 @@ def summary_lines(summary: dict) -> list[str]:
         f"device           {summary['device']}, {format_bytes(summary['capacity_bytes'])}; "
         f"link {summary['link']}",
         f"ops              {summary['ops']} ({summary['forward_ops']} forward, "
-        f"{summary['backward_ops']} backward)",
+        f"{summary['backward_ops']} backward"
+        + (", the optimizer update" if summary.get("update_ops") else "") + ")",
         f"tensors          {summary['tensors']} ({summary['feature_maps']} feature maps)",
         f"feature maps     {b('feature_map_bytes')}",
         f"resident         {b('resident_bytes')}",
