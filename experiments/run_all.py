@@ -4,7 +4,7 @@ Runs, in this order and in one process (analytic traces are shared): the ResNet-
 curve (Figure 3), each optimization (Figures 15/16), the batch sweep (Figures 17-20), the
 classification table (Table 3), ResNeXt-101 3D (Figures 21/22) and the beyond-the-paper
 sweeps. Each writes its CSV and PNG files into its own folder under the output folder; the
-seconds each took go to <out>/run_all.csv (full runs only). About 2-3 minutes on a 2-core machine.
+seconds each took go to <out>/run_all.csv (full runs only). About 3-4 minutes on a 2-core machine.
 
     .venv/bin/python experiments/run_all.py [--out-dir results] [--only fig15_16 table3 ...]
 """
