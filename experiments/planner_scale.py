@@ -76,8 +76,11 @@ def _real(names: list[str]) -> list[tuple]:
     return [r for r in REAL if r[0] in names]
 
 
-def depth(layers: list[int], seeds: int, repeat: int, real: list[tuple]) -> pd.DataFrame:
-    """Classification seconds of chains, random graphs and the paper's networks."""
+def depth(layers: list[int], seeds: int, repeat: int, real: list[tuple],
+          conv: str = common.PAPER_CONV) -> pd.DataFrame:
+    """Classification seconds of chains, random graphs and the paper's networks (their
+    convolutions charged as ``conv``: "im2col", what the executor runs without cuDNN, gives
+    them split configurations to choose from)."""
     from pooch_ext.analytic.synthetic import random_profile
     from pooch_ext.sim.budgets import budget_between
 
@@ -88,8 +91,9 @@ def depth(layers: list[int], seeds: int, repeat: int, real: list[tuple]) -> pd.D
     for kind, size, seed in tqdm(jobs, desc="depth", unit="net", leave=False):
         if kind == "real":
             model, batch, shape = size
-            p = common.profile(model, batch, shape)
-            budget, name = int(p.device.capacity_bytes), model
+            p = common.profile(model, batch, shape, conv=conv)
+            budget, name = int(p.device.capacity_bytes), model + (
+                "" if conv == common.PAPER_CONV else f" ({conv})")
         elif kind == "chain":
             p = saturated_chain(size)
             budget, name = budget_between(p, 0.3), f"chain-{size}"
@@ -246,6 +250,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--layers", type=common.ints, default=[50, 125, 250, 500, 1000, 2000])
     ap.add_argument("--real", nargs="+", default=[r[0] for r in REAL],
                     choices=[r[0] for r in REAL], help="the paper's networks to time")
+    ap.add_argument("--conv", default=common.PAPER_CONV, choices=["cudnn", "im2col"],
+                    help="how the paper's networks' convolutions are charged (depth only; "
+                    "im2col: with split configurations, as the executor runs them)")
     ap.add_argument("--grid-networks", nargs="+", default=["resnet50", "resnext101-3d"],
                     choices=[r[0] for r in REAL], help="networks of the budget grids and gaps")
     ap.add_argument("--seeds", type=int, default=2, help="random graphs per depth")
@@ -264,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     args.out_dir.mkdir(parents=True, exist_ok=True)
     if "depth" in args.parts:
-        table = depth(args.layers, args.seeds, args.repeat, _real(args.real))
+        table = depth(args.layers, args.seeds, args.repeat, _real(args.real), args.conv)
         common.write_csv(table, args.out_dir / f"depth{args.label}.csv")
         print(table[["network", "ops", "seconds", "relative_to_incore"]].to_string(index=False))
     if ("depth" in args.parts or "plots" in args.parts) and not args.label:

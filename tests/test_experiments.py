@@ -152,6 +152,18 @@ def test_planner_scale(tmp_path):
     assert (gap.pooch_s >= gap.bound_s * (1 - 1e-9)).all() and (gap.bound_s > 0).all()
 
 
+def test_planner_scale_times_the_real_networks_with_split_configurations_too(tmp_path):
+    """--conv im2col: the profiles the executor runs (convolutions with split
+    configurations to choose from), beside the paper's cuDNN ones."""
+    import planner_scale as ps
+
+    assert ps.main(["--parts", "depth", "--out-dir", str(tmp_path), "--layers", "20",
+                    "--seeds", "0", "--repeat", "1", "--real", "alexnet", "--conv", "im2col",
+                    "--label", "_im2col"]) == 0
+    depth = pd.read_csv(tmp_path / "depth_im2col.csv")
+    assert list(depth.network) == ["chain-20", "alexnet (im2col)"] and depth.feasible.all()
+
+
 @pytest.mark.slow
 def test_run_all_partial(tmp_path):
     import run_all
