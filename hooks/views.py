@@ -7,8 +7,8 @@ overran the budget by 2.7% (experiments/diagnose_views.py). A strided slice pins
 same way: a channel slice ``h[:, :4]`` that a Mul retains kept all of ``h`` after the plan
 had swapped ``h`` out, 2.7-4% over the budget in every planned iteration of a user trial's
 gated CNN. The executor gives such a node a dense copy instead, in the order its axes lie
-(what a swap round trip gives it on the CPU device: hooks/cpu_device.layout_view), so the rest of the larger array goes
-with its other holders, as the profile has it."""
+(what a swap round trip gives it on the CPU device: hooks/cpu_device.layout_view), so the
+rest of the larger array goes with its other holders, as the profile has it."""
 from __future__ import annotations
 
 from typing import Any, Callable
