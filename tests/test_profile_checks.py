@@ -147,3 +147,40 @@ def test_an_empty_network_is_refused_in_one_sentence(toy_profile):
     with pytest.raises(ProfileError, match="the profile has no ops"):
         Profile(empty["ops"], empty["tensors"], empty["memory"], toy_profile.resident_bytes,
                 toy_profile.device, toy_profile.link)
+
+
+def test_typed_columns_are_taken_as_they_are_and_still_checked(toy_profile):
+    """Profile construction takes a frame's number columns that already have their type
+    without reading cell by cell (session 22: most of a profile's build time); an integer
+    beyond the contract's range in such a column is still named, and a profile remade from
+    its own tables is equal to it, cell types included."""
+    from pooch_ext.profile_check import MAX_BYTES
+
+    again = remake(toy_profile, tables(toy_profile))
+    assert again == toy_profile
+    for name in ("ops", "tensors", "memory"):
+        assert list(getattr(again, name).dtypes) == list(getattr(toy_profile, name).dtypes)
+    frames = tables(toy_profile)
+    frames["memory"]["bytes"] = frames["memory"]["bytes"].astype(np.int64)
+    frames["memory"].loc[3, "bytes"] = MAX_BYTES + 1
+    with pytest.raises(ProfileError) as error:
+        remake(toy_profile, frames)
+    assert "memory table, row 3, column 'bytes'" in str(error.value)
+    assert f"beyond {MAX_BYTES}" in str(error.value)
+
+
+def test_rows_given_as_dicts_read_a_missing_key_as_a_missing_cell(toy_profile):
+    """Rows as dicts (what the builder hands over) are read per column as pd.DataFrame(rows)
+    would hold them: a key one row lacks is a missing cell there (optional columns take
+    their default), and a required number missing from every row is named."""
+    rows = toy_profile.tensors.to_dict("records")
+    del rows[1]["held_until"]                    # optional: -1 where missing
+    frames = tables(toy_profile)
+    frames["tensors"] = rows
+    remade = remake(toy_profile, frames)
+    assert remade.tensors.held_until.iloc[1] == -1
+    for row in rows:
+        del row["bytes"]
+    with pytest.raises(ProfileError) as error:
+        remake(toy_profile, frames)
+    assert "column 'bytes'" in str(error.value) and "missing" in str(error.value)
