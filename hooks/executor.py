@@ -347,7 +347,7 @@ class Executor(GraphRecorder):
         # a profiler times the op's recomputation on its inputs (and holds them until then)
         rerun_inputs = in_data if self.profiler is not None else None
         program, tensors, maps = self.program, self.trace.tensors, self.maps
-        for node, array in zip(function.inputs, in_data or ()):
+        for node, array in zip(function.inputs or (), in_data or ()):
             tag = getattr(node, TAG, None)
             if tag is None or tag[0] is not self._serial or tensors[tag[1]].producer >= 0:
                 continue

@@ -9,18 +9,17 @@ the executor, times them), so all three agree on op indices and tensor ids.
 
 Facts of Chainer 7 this relies on (DESIGN.md):
 * ``forward_postprocess`` runs before the outputs are wrapped and before retention is
-  recorded, so an op is *resolved* (outputs, retained indexes) at the next hook call;
-* functions applied inside a backward (e.g. Convolution2DGradW) belong to that backward op
-  and are not forward ops;
+  recorded, so an op is *resolved* (outputs, retained indexes) at the next hook call (a
+  user's ``unchain_backward()`` in between leaves nothing to resolve: declined);
+* functions applied inside a backward (Convolution2DGradW, ...) belong to that backward op;
 * nothing is recorded while ``enable_backprop`` is off (evaluation, recomputation);
-* Chainer has no hook for the start and end of a backward pass: the entry points are wrapped
-  while a recorder is entered (hooks/backward_passes.py), which also tells double backprop
-  apart;
+* Chainer has no hook for a backward pass's start and end: its entry points are wrapped
+  while a recorder is entered (hooks/backward_passes.py; this tells double backprop too);
 * a VariableNode keeps only a weak reference to its Variable, so a weakref callback on the
   Variable tells when the caller's code let go of a tensor (``TensorRecord.held_until``).
 
-Tensor ids are assigned in creation order (network inputs when first consumed), which is what
-``ProfileBuilder`` does, so ``GraphTrace.to_builder`` reproduces them exactly.
+Tensor ids are in creation order (network inputs when first consumed), as ``ProfileBuilder``
+makes them, so ``GraphTrace.to_builder`` reproduces them exactly.
 """
 from __future__ import annotations
 
@@ -71,17 +70,14 @@ class GraphRecorder(chainer.FunctionHook):
     record_attrs = True    # subclasses that never read OpRecord.attrs may skip collecting them
 
     def __init__(self, model: Any = None, keep_traces: int = 8) -> None:
-        self.model = model
-        self.keep_traces = keep_traces
+        self.model, self.keep_traces, self.iteration = model, keep_traces, -1
         self.traces: list[GraphTrace] = []
         self.trace: GraphTrace | None = None
-        self.iteration = -1
         self.functions: list[weakref.ref] = []      # op index -> FunctionNode (this iteration)
         self.nodes: dict[int, weakref.ref] = {}     # tensor id -> VariableNode (this iteration)
-        self.paused = False
-        self.op_sources: list[int | None] = []      # tensor ids the op being started reads
+        self.paused, self.op_sources = False, []    # op_sources: tensor ids the op reads
         self._link_names = LinkNames(model, self._new_link)
-        self._pending: tuple[int, Any] | None = None
+        self._pending: tuple[int, Any] | None = None    # (op index, function) to resolve
         self._labels: list[str] = []
         self._in_backward: list[bool] = []          # per running backward op: of the first pass
         self._serial = object()
@@ -417,7 +413,10 @@ class GraphRecorder(chainer.FunctionHook):
                     self.register_array(variable_array(variable), TAIL)
             return
         inputs, params, positions, differentiable, param_ids = [], [], {}, [], []
-        for position, node in enumerate(function.inputs):
+        if function.inputs is None:     # unchain_backward() cut it before it was resolved
+            self._unsupported("unchain_backward() inside the forward cut an op from the graph "
+                              "before PoocH saw its inputs; h.unchain() cuts there as well")
+        for position, node in enumerate(function.inputs or ()):
             variable = node.get_variable_or_none()
             if isinstance(variable, chainer.Parameter):
                 params.append((tuple(node.shape), str(node.dtype)))
@@ -434,7 +433,7 @@ class GraphRecorder(chainer.FunctionHook):
                 differentiable.append(len(inputs))
             inputs.append(tid)
         outputs = []
-        for output_index, ref in enumerate(function.outputs):
+        for output_index, ref in enumerate(function.outputs or ()):
             node = ref()
             if node is None:   # an output nobody kept: record its slot, nothing refers to it
                 tid = len(self.trace.tensors)
@@ -446,7 +445,7 @@ class GraphRecorder(chainer.FunctionHook):
                     self.register_array(variable_array(variable), tid)
                     self._holding.holder(variable, [self.trace.tensors[tid]])
             outputs.append(tid)
-        retain_inputs, retain_outputs = retained_indexes(function)
+        retain_inputs, retain_outputs = retained_indexes(function) if outputs else ((), ())
         retained_in = [positions[i] for i in retain_inputs if i in positions]
         retained_out = list(retain_outputs)
 

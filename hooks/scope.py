@@ -24,6 +24,8 @@ class Models:
         self._members: set[int] = set()        # ids of every link inside any of ``links``
         if links is None:
             return
+        if not isinstance(links, chainer.Link) and not hasattr(type(links), "__iter__"):
+            raise TypeError(f"PoocH covers chainer Links; got {type(links).__name__}")
         for link in ([links] if isinstance(links, chainer.Link) else list(links)):
             if not isinstance(link, chainer.Link):
                 raise TypeError(f"PoocH covers chainer Links; got {type(link).__name__}")

@@ -254,6 +254,13 @@ def test_arguments_of_the_wrong_kind_fail_when_pooch_is_made(arguments, error):
         PoocH(BranchyNet(), **arguments)
 
 
+@pytest.mark.parametrize("model", [chainer.optimizers.SGD(), 3])
+def test_an_object_that_is_no_link_is_named_when_pooch_is_made(model):
+    """A user trial: ``PoocH(optimizer)`` raised "'SGD' object is not iterable"."""
+    with pytest.raises(TypeError, match=f"PoocH covers chainer Links; got {type(model).__name__}"):
+        PoocH(model)
+
+
 @pytest.mark.parametrize("model", [None, [], ()])
 def test_no_model_is_refused_when_pooch_is_made(model):
     """A user trial: ``PoocH(None)`` and ``PoocH([])`` trained on with no parameters,

@@ -665,6 +665,40 @@ def test_13_static_graph_models_are_refused_before_any_update():
     assert refused_cleanly(build, under) and "static_graph" in str(under.error)
 
 
+class CutBelow(chainer.Chain):
+    """Cuts the graph below its first layer inside the forward (no gradient into ``l1``)."""
+
+    def __init__(self, how: str) -> None:
+        super().__init__()
+        self.how = how
+        with self.init_scope():
+            self.l1 = L.Linear(192, 16)
+            self.l2 = L.Linear(16, 5)
+
+    def forward(self, x):
+        h = F.relu(self.l1(x))
+        getattr(h, self.how)()
+        return self.l2(h)
+
+
+def test_13b_unchain_backward_inside_the_forward_is_declined_and_unchain_runs():
+    """A user trial: ``h.unchain_backward()`` in the middle of the forward purged the op that
+    made ``h`` from the graph before PoocH had resolved it (its inputs are wired only at the
+    next op), and the next op crashed in the recorder ("'NoneType' object is not iterable").
+    It is declined now before any update, with the way that runs: ``h.unchain()``."""
+    def build(how: str) -> Callable[[], tuple]:
+        def made() -> tuple:
+            model = CutBelow(how)
+            return [model], [make_optimizer(model)]
+        return made
+    plain, under = compare(build("unchain_backward"), standard_loop(batches(3)),
+                           policy="swap-all")
+    assert plain.error is None
+    assert refused_cleanly(build("unchain_backward"), under)
+    assert "unchain_backward()" in str(under.error) and "h.unchain()" in str(under.error)
+    assert identical(*compare(build("unchain"), standard_loop(batches(4)), policy="swap-all"))
+
+
 # ---------------------------------------------------------------- 14: what Chainer keeps
 
 class Held(chainer.Chain):
