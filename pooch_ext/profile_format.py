@@ -225,8 +225,10 @@ def _column_cells(rows: list[dict] | pd.DataFrame) -> Callable[[str], Any]:
 def _already_typed(column: Column, cells: list | pd.Series) -> np.ndarray | None:
     """A frame's number or boolean column that already has its type (every cell read as it
     is), or None: then each cell is read."""
-    kind = {parse_int: "i", _parse_float: "f", _parse_bool: "b"}.get(column.parse)
-    if kind is None or not isinstance(cells, pd.Series) or cells.dtype.kind != kind:
+    if column.parse not in SCALAR_TYPES or not isinstance(cells, pd.Series):
+        return None
+    kind = np.dtype(SCALAR_TYPES[column.parse]).kind
+    if cells.dtype.kind != kind:
         return None
     array = cells.to_numpy()
     if kind == "i" and len(array) and max(int(array.max()), -int(array.min())) > MAX_BYTES:
