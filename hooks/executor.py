@@ -88,7 +88,7 @@ class Executor(GraphRecorder):
         self.on_demand = OnDemand(self)
         self.maps.restore_absent = self.on_demand.restore
         self._next_boundary = self._next_action = 0
-        self.head_peak = 0
+        self.head_peak = self._head_functions = 0
         self._pending_in_data: tuple | None = None
         self._input_bases: set[int] = set()
         self._lazy: list = []          # parameters not made yet (lazily initialised links)
@@ -203,6 +203,8 @@ class Executor(GraphRecorder):
     # ------------------------------------------------------------ GraphRecorder hooks
     def forward_preprocess(self, function: Any, in_data: tuple) -> None:
         self.update_stamps.stamp(function)
+        if self.iteration < 0 and not chainer.config.enable_backprop:
+            self._head_functions += 1          # before the first op (``head_peak``)
         self._in_data = in_data
         try:
             super().forward_preprocess(function, in_data)
@@ -257,8 +259,9 @@ class Executor(GraphRecorder):
                 made_apart(param, apart)
         if self.program is None:
             self._unbudgeted()              # nothing planned this iteration's memory
-        # before the first op: what ran since PoocH began (later ones: the profiler's tail)
-        self.head_peak = int(self.device.peak) if self.iteration == 0 else 0
+        # before the first op: what ran since PoocH began, if functions did (a teacher's
+        # forward runs again; data made with NumPy may not: PoocH._check_first_tail sees)
+        self.head_peak = int(self.device.peak) if self.iteration == 0 and self._head_functions else 0
         self.device.reset_peak()
         self.stats.started = time.perf_counter()
         if self.profiler is not None:

@@ -73,6 +73,9 @@ class IterationSample:
     # the device's peak after its last op window (later backward passes, the update), which
     # a later iteration's first op window takes in
     tail_peak: int | None = None
+    # the device's peak from the last op's end on alone (the update, the loop's own code, the
+    # next batch made): what no plan governs, which the first updating iteration refuses on
+    after_last_op: int | None = None
     # the first iteration's: the device's peak before its first op (a teacher's forward, the
     # batch made), which later iterations run with the last graph still held
     head_peak: int | None = None

@@ -168,6 +168,10 @@ class Profiler:
     # ------------------------------------------------------------ what the executor calls
     def iteration_started(self) -> None:
         self._new_iteration()
+        executor = self.executor
+        counter = getattr(executor.device, "counter", None)
+        if executor.iteration == 0 and not executor.head_peak and counter is not None:
+            counter.reset_window()   # what the loop made with NumPy alone before (Executor)
         self.last_sample = None
         model = self.executor.model
         self._model_ids = model_arrays(model) if model is not None else set()
@@ -374,7 +378,7 @@ class Profiler:
                 # which a planned iteration that keeps them for those passes holds as well
                 # (also those no later pass read: leaving them out had a user's small GAN
                 # accepted 1.4% short, tests/test_later_iterations.py)
-                tail = device.held(device.counter.window())
+                tail = sample.after_last_op = device.held(device.counter.window())
                 later_passes = self._end is not None and self._end[2]
                 sample.tail_peak = max(self._tail_upper, tail + self._tail_host) \
                     if later_passes else tail

@@ -161,6 +161,12 @@ class Ranks:
         return outcome[1], outcome[2]
 
 
+    def most(self, value: int) -> int:
+        """The largest of every rank's ``value``, on every rank (a refusal all make)."""
+        gathered = self.comm.gather_obj(int(value))
+        return int(self.comm.bcast_obj(max(gathered) if self.rank == 0 else None))
+
+
 class AllreduceMeter:
     """Times the gradient all-reduce (the communicator's ``multi_node_mean_grad``, which
     ChainerMN's optimizer runs in every update after the first, which only broadcasts) and

@@ -86,6 +86,20 @@ class WeightyMLP(chainer.Chain):
         return self.l3(F.relu(self.l2(F.relu(self.l1(x)))))
 
 
+class WideInputMLP(chainer.Chain):
+    """An input far wider than any map (pixels into a narrow MLP): where a loop makes the
+    next batch while it still holds the last, after the last op, it holds the most."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        with self.init_scope():
+            self.l1 = L.Linear(3 * 32 * 32, 16)
+            self.l2 = L.Linear(16, 5)
+
+    def forward(self, x):
+        return self.l2(F.relu(self.l1(x)))
+
+
 def batches(n: int = ITERS, side: int = 16, batch: int = 8) -> list:
     rng = np.random.RandomState(3)
     return [(rng.rand(batch, 3, side, side).astype(np.float32),
@@ -164,8 +178,10 @@ def accumulates(model, optimizer, batches, values):
 LOOPS = {"keeps_loss": keeps_loss, "new_batches": new_batches, "classifier": classifier,
          "drops_loss": drops_loss, "grad_then_backward": grad_then_backward,
          "input_saliency": input_saliency, "accumulates": accumulates}
-NETS = {"pool": PoolNet, "norm": NormNet, "wide": WideNet, "mlp": WeightyMLP}
-DATA = {"wide": dict(side=32, batch=32)}     # the shapes the overrun was found with
+NETS = {"pool": PoolNet, "norm": NormNet, "wide": WideNet, "mlp": WeightyMLP,
+        "input": WideInputMLP}
+# the shapes the overrun was found with; the pixels a narrow MLP takes
+DATA = {"wide": dict(side=32, batch=32), "input": dict(side=32, batch=32)}
 
 
 def fresh(net: str) -> tuple:

@@ -242,6 +242,7 @@ class PoocH(Refusals, PoochResults):
         found_at_start, self._found_at_start = self._found_at_start, False
         if not trace.backward_order or trace.unsupported or trace.failed:
             return              # not a training iteration PoocH can plan (or learn from)
+        self._check_first_tail(trace)
         self._trained += 1
         if self._updated:                   # no refusal comes after the first iteration
             self._gate.lift()

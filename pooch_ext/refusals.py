@@ -1,6 +1,7 @@
 """The moments PoocH may refuse a training run, and what it checks there (a mixin of
 pooch.PoocH): the end of the first backward pass, each update of the first iteration, an
-unsupported loop found before the first update. A refusal puts back parameters, gradients
+unsupported loop found before the first update, the end of the first iteration that updates
+(what ran after its last op). A refusal puts back parameters, gradients
 and optimizers (the snapshot PoocH took), so the failed attempt changes nothing; none comes
 after the first iteration that updates."""
 from __future__ import annotations
@@ -9,6 +10,7 @@ import math
 from typing import Any
 
 from pooch_ext.errors import BudgetTooSmallError, UnsupportedLoopError
+from pooch_ext.hooks.executor import AFTER_LAST_OP
 from pooch_ext.policies import refuse_below_floor
 from pooch_ext.profile import Profile
 from pooch_ext.trace import GraphTrace
@@ -16,7 +18,7 @@ from pooch_ext.trace import GraphTrace
 
 class Refusals:
     """PoocH's refusal checks; PoocH gives the state they read (runtime, profiler, budget,
-    policy, snapshot, overruns) and ``_build_profile`` / ``_agreed`` / ``_classify``."""
+    policy, snapshot, overruns, ranks) and ``_build_profile`` / ``_agreed`` / ``_classify``."""
 
     def _in_refusal_window(self) -> bool:
         """The first training iteration under PoocH, whose updates a refusal can undo (each
@@ -43,15 +45,46 @@ class Refusals:
         if refusal is not None and not self._closing:
             self._refuse(refusal)
 
+    def _check_first_tail(self, trace: GraphTrace) -> None:
+        """The end of the first iteration that updated (its gate is still down): what ran
+        after its last op (the update, the loop's own code, the next batch) has no plan and
+        every later iteration runs it again, so where it held more than the budget no plan
+        keeps the run within it: refused here, the updates put back, naming what it held
+        (measured: a loop that keeps ``x`` while it makes the next batch holds one batch
+        more there than at any op; a user's MLP went 33% over, every iteration, at the
+        minimum the end of backward had named). The iterator and the loop's own counters
+        have moved one batch on (as at any refusal); models and optimizers are as before."""
+        if self._closing or not self._updated or self._gate.lifted:
+            return
+        held = [o["held_bytes"] for o in self.overruns
+                if not o["before_update"] and AFTER_LAST_OP in o["message"]]
+        sample = self.profiler.last_sample
+        if sample is not None and sample.trace is trace and sample.after_last_op is not None:
+            held.append(sample.after_last_op)
+        worst = max(held, default=0)
+        if self.ranks is not None:          # every rank refuses, or none
+            worst = self.ranks.most(worst)
+        if worst > self.budget_bytes:
+            self._refuse(BudgetTooSmallError(
+                self.budget_bytes, worst,
+                f"{self._model_name()} with what this loop holds after its first update, "
+                "before the next forward (the update, the loop's own code, the next batch: "
+                "no plan runs there)"), in_iteration=False)
+
+    def _model_name(self) -> str:
+        return (self.checked_profile.meta.get("model", "the model")
+                if self.checked_profile is not None else "the model")
+
     def _remember_optimizer(self, optimizer: Any) -> None:
         """Snapshot an optimizer about to update in the first iteration (a refusal undoes it)."""
         with self.device.host_side():
             self._snapshot.add_optimizer(optimizer)
 
-    def _refuse(self, error: BaseException) -> None:
-        """Raise ``error`` with everything put back as it was before PoocH began."""
+    def _refuse(self, error: BaseException, in_iteration: bool = True) -> None:
+        """Raise ``error`` with everything put back as it was before PoocH began
+        (``in_iteration``: maps of the graph in progress too; not once it has ended)."""
         self._closing = True
-        self.runtime.abandon(restore=True)
+        self.runtime.abandon(restore=in_iteration)
         self._snapshot.restore()
         raise error
 

@@ -101,6 +101,20 @@ def test_other_ranks_take_rank_zeros_outcome_without_deciding(profiles):
     assert value == "rank 0's plan" and combined is first and not called
 
 
+def test_ranks_refuse_on_the_most_any_rank_held():
+    """The end of the first updating iteration refuses on what ran after its last op: every
+    rank on the largest any rank held (rank 0 decides and broadcasts), so none goes on
+    alone into a collective the others left."""
+    comm = FakeComm([700, 300])
+    assert Ranks(comm).most(500) == 700 and comm.sent == [700]
+
+    class Follower(FakeComm):
+        def bcast_obj(self, obj, root=0):
+            assert obj is None             # a rank other than 0 sends nothing
+            return 900
+    assert Ranks(Follower([], rank=1)).most(100) == 900
+
+
 def test_the_all_reduce_meter_times_the_call_and_counts_its_scratch():
     from pooch_ext.distributed import AllreduceMeter
     from pooch_ext.hooks.cpu_device import CpuDevice
