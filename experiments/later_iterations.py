@@ -28,7 +28,8 @@ from pooch_ext.testing import states_equal
 
 CASES = [(net, loop) for net in ("pool", "norm") for loop in LOOPS] + \
     [("wide", loop) for loop in ("keeps_loss", "new_batches", "classifier", "drops_loss")] + \
-    [("mlp", "accumulates"), ("input", "keeps_loss"), ("input", "new_batches")]
+    [("mlp", "accumulates"), ("mlp", "clears_first"), ("input", "keeps_loss"),
+     ("input", "new_batches")]
 OUT = Path(__file__).resolve().parent.parent / "results" / "later_iterations"
 
 

@@ -71,6 +71,8 @@ class GraphRecorder(chainer.FunctionHook):
 
     def __init__(self, model: Any = None, keep_traces: int = 8) -> None:
         self.model, self.keep_traces, self.iteration = model, keep_traces, -1
+        # parameters with a gradient as recording began (ParamRecord.cleared_before_forward)
+        self._graded = set() if model is None else {id(p) for p in model.params() if p.grad_var is not None}
         self.traces: list[GraphTrace] = []
         self.trace: GraphTrace | None = None
         self.functions: list[weakref.ref] = []      # op index -> FunctionNode (this iteration)
@@ -80,8 +82,7 @@ class GraphRecorder(chainer.FunctionHook):
         self._pending: tuple[int, Any] | None = None    # (op index, function) to resolve
         self._labels: list[str] = []
         self._in_backward: list[bool] = []          # per running backward op: of the first pass
-        self._serial = object()
-        self._n_inputs = 0     # network inputs seen this iteration
+        self._serial, self._n_inputs = object(), 0    # network inputs seen this iteration
         self._expected_backward = -1   # backward ops of an unsignalled pass, once known
         self._arrays: dict[int, tuple[weakref.ref, int]] = {}   # id(array) -> (ref, tensor)
         self._tensor_marks: list[int] = []          # op index -> tensors recorded before it
@@ -383,14 +384,14 @@ class GraphRecorder(chainer.FunctionHook):
         return tid
 
     def _param_index(self, param: chainer.Parameter) -> int:
-        """``param``'s place in ``trace.params``, recorded with its gradient's presence the
-        first time an op of this iteration reads it."""
+        """``param``'s place in ``trace.params``, recorded as an op of this iteration first reads it."""
         known = self._params.get(id(param))
         if known is not None and known[1]() is param:
             return known[0]
         index = len(self.trace.params)
-        self.trace.params.append(ParamRecord(int(param.array.nbytes) if param.array is not None
-                                             else 0, param.grad_var is not None))
+        nbytes, graded = int(getattr(param.array, "nbytes", 0)), param.grad_var is not None
+        self.trace.params.append(ParamRecord(nbytes, graded, cleared_before_forward=not graded
+                                             and self.iteration == 0 and id(param) in self._graded))
         self._params[id(param)] = (index, weakref.ref(param))
         return index
 

@@ -193,9 +193,12 @@ def _modelled(profile: Profile, samples: list[IterationSample]) -> Iterator[tupl
         schedule = ran[ran["tensor"].isin(maps) & (ran["boundary"] <= profile.n_ops)]
         predicted = schedule_memory(profile, schedule, _ran_configs(profile, sample))
         # gradients the first iteration held through its forward already (Chainer's NaN
-        # ones, a loop clearing them after its forward) are not what a later one adds
-        cleared = sum(nbytes for nbytes, _, in_forward in cleared_gradients(sample.trace, [sample])
-                      if not in_forward) if sample.first else 0
+        # ones, a loop clearing them after its forward) are not what a later one adds, nor
+        # those it cleared before its forward (a later forward holds none either; counted,
+        # a user's MLP was refused at 1.41 times what its later iterations need)
+        cleared = sum(nbytes for nbytes, _, in_forward, before
+                      in cleared_gradients(sample.trace, [sample])
+                      if not in_forward and not before) if sample.first else 0
         yield sample, predicted, carried_bytes(profile, sample, predicted, cleared)
 
 
@@ -281,8 +284,9 @@ def _least(values: list[float]) -> float:
 
 
 def cleared_gradients(trace: GraphTrace, samples: list[IterationSample]
-                      ) -> list[tuple[int, list[int], bool]]:
-    """(bytes, forward ops reading it, held in forward) of each parameter gradient that no
+                      ) -> list[tuple[int, list[int], bool, bool]]:
+    """(bytes, forward ops reading it, held in forward, cleared before the first iteration's
+    forward: ParamRecord.cleared_before_forward) of each parameter gradient that no
     sample still held as backward began: the loop cleared it, so it is not resident (measured:
     an LSTM's recurrent weights' gradients are 20% of its peak, absent until their first
     backward op). A gradient held at any sample's backward, or of a parameter some sample read
@@ -298,7 +302,8 @@ def cleared_gradients(trace: GraphTrace, samples: list[IterationSample]
                                                for r in records) \
                 or any(p in s.stale_gradients for s in samples):
             continue
-        cleared.append((records[0].nbytes, ops, any(r.grad_in_forward for r in records)))
+        cleared.append((records[0].nbytes, ops, any(r.grad_in_forward for r in records),
+                        all(r.cleared_before_forward for r in records)))
     return cleared
 
 
@@ -404,12 +409,12 @@ def build_profile(samples: list[IterationSample], device: Device, link: Link, re
     cleared = cleared_gradients(trace, use)
     if cleared:
         info["cleared_gradients"] = dict(arrays=len(cleared),
-                                         bytes=sum(nbytes for nbytes, _, _ in cleared))
+                                         bytes=sum(c[0] for c in cleared))
 
     def build() -> Profile:
         builder = trace.to_builder(device, link, cost, info)
-        builder.resident(resident - sum(nbytes for nbytes, _, _ in cleared))
-        for nbytes, readers, in_forward in cleared:
+        builder.resident(resident - sum(c[0] for c in cleared))
+        for nbytes, readers, in_forward, _ in cleared:
             builder.parameter_gradient(nbytes, readers, in_forward)
         return builder.build(loss=trace.loss, backward_order=trace.backward_order)
 

@@ -2,9 +2,9 @@
 accepted on the first iteration must survive (tests/test_later_iterations.py,
 experiments/later_iterations.py). A loop keeps ``loss`` through the next forward (with the
 batch it made for it, where nothing else holds that), or L.Classifier keeps ``self.loss``,
-or it drops it; ``chainer.grad`` runs a first backward pass
-before ``backward`` runs the graph again (to the output, or through every op to the input);
-gradients accumulate over two iterations before each update."""
+or it drops it, or clears the gradients before its forward; ``chainer.grad`` runs a first
+backward pass before ``backward`` runs the graph again (to the output, or through every op
+to the input); gradients accumulate over two iterations before each update."""
 from __future__ import annotations
 
 import contextlib
@@ -125,6 +125,15 @@ def new_batches(model, optimizer, batches, values):
         values.append(float(loss.array))
 
 
+def clears_first(model, optimizer, batches, values):
+    for x, t in batches:
+        model.cleargrads()                 # before the forward: it holds no gradient
+        loss = F.softmax_cross_entropy(model(x), t)
+        loss.backward()
+        optimizer.update()
+        values.append(float(loss.array))
+
+
 def classifier(model, optimizer, batches, values):
     classifier = L.Classifier(model)                   # holds self.loss, self.y
     for x, t in batches:
@@ -175,7 +184,8 @@ def accumulates(model, optimizer, batches, values):
             values.append(float(loss.array))
 
 
-LOOPS = {"keeps_loss": keeps_loss, "new_batches": new_batches, "classifier": classifier,
+LOOPS = {"keeps_loss": keeps_loss, "new_batches": new_batches, "clears_first": clears_first,
+         "classifier": classifier,
          "drops_loss": drops_loss, "grad_then_backward": grad_then_backward,
          "input_saliency": input_saliency, "accumulates": accumulates}
 NETS = {"pool": PoolNet, "norm": NormNet, "wide": WideNet, "mlp": WeightyMLP,

@@ -65,6 +65,10 @@ class ParamRecord:
     nbytes: int
     grad_in_forward: bool
     grad_in_backward: bool = False
+    # the first iteration's forward found none where the parameter had one as PoocH began
+    # (Chainer's NaN one, a trained model's): the loop clears gradients before its forward,
+    # so a later forward holds none either
+    cleared_before_forward: bool = False
 
 
 @dataclass

@@ -32,7 +32,8 @@ from pooch_ext.testing import NStepTagger, at_first_minimum, model_state, states
 
 CASES = [(net, loop) for net in ("pool", "norm") for loop in sorted(LOOPS)] + \
     [("wide", "keeps_loss"), ("wide", "new_batches"), ("wide", "classifier"),
-     ("mlp", "accumulates"), ("input", "new_batches"), ("input", "keeps_loss")]
+     ("mlp", "accumulates"), ("mlp", "clears_first"), ("input", "new_batches"),
+     ("input", "keeps_loss")]
 
 
 @pytest.mark.parametrize("net,loop", CASES)
