@@ -107,12 +107,14 @@ def optimizer_state_bytes(param: Any) -> int:
     the rule, for a host stand-in of the parameter: run on the device, the throwaway state
     was device memory before the first op, which the first check counted as what the loop
     ran there: a user's MLP with Adam was refused at 1.32 times what later iterations hold).
-    A rule the stand-in does not suit is run for the parameter itself."""
+    A rule the stand-in does not suit is run for the parameter itself. A disabled rule
+    (``link.disable_update()``: a frozen backbone) makes none: only what it holds counts
+    (counted, a fine-tuning MLP with Adam was refused at twice what it holds)."""
     rule = getattr(param, "update_rule", None)
     if rule is None or param.array is None:
         return 0
     state = optimizer_state(rule)
-    if not state:
+    if not state and rule.enabled:
         probe = copy.copy(rule)
         try:
             set_optimizer_state(probe, {})
@@ -124,7 +126,7 @@ def optimizer_state_bytes(param: Any) -> int:
             with chainer.using_device(chainer.backend.get_device_from_array(param.array)):
                 probe.init_state(param)
         state = optimizer_state(probe)
-    return sum(int(v.nbytes) for v in state.values() if is_array(v))
+    return sum(int(v.nbytes) for v in (state or {}).values() if is_array(v))
 
 
 def resident_bytes(model: Any) -> int:

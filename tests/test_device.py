@@ -6,6 +6,10 @@ import gc
 import numpy as np
 import pytest
 
+import pooch_ext  # noqa: F401  (chainer import compat)
+import chainer
+import chainer.links as L
+
 from pooch_ext.hooks.allocator import AllocationLog, scratch_bytes
 from pooch_ext.hooks.device import UNLIMITED, DeviceOutOfMemoryError, HostSimDevice, device_for
 from pooch_ext.hooks.model_state import resident_bytes
@@ -105,6 +109,26 @@ def test_resident_bytes_counts_parameters_gradients_persistents_and_optimizer_st
         p.grad = np.zeros_like(p.array)
     optimizer.update()                        # creates the velocity state
     assert resident_bytes(model) == 3 * params + persistents
+
+
+def test_resident_bytes_count_no_optimizer_state_a_disabled_rule_never_makes():
+    """A frozen link (``disable_update()``) keeps its gradients (Chainer computes them, and
+    the update fills missing ones with zeros) but its rule makes no state: Adam's two moments
+    of a frozen backbone had counted, refusing a fine-tuning run at twice what it holds."""
+    np.random.seed(0)
+    model = chainer.Sequential(L.Linear(8, 16), L.Linear(16, 4))
+    optimizer = chainer.optimizers.Adam()
+    optimizer.setup(model)
+    model[0].disable_update()
+    frozen = sum(p.array.nbytes for p in model[0].params())
+    trained = sum(p.array.nbytes for p in model[1].params())
+    assert resident_bytes(model) == 2 * (frozen + trained) + 2 * trained
+    loss = chainer.functions.sum(model(np.ones((2, 8), np.float32)))
+    model.cleargrads()
+    loss.backward()
+    optimizer.update()
+    assert all(not p.update_rule.state for p in model[0].params())
+    assert resident_bytes(model) == 2 * (frozen + trained) + 2 * trained
 
 
 def test_a_model_on_the_host_gets_the_host_simulated_device():
