@@ -118,7 +118,7 @@ class PoocH(Refusals, PoochResults):
         self._graphs: dict[tuple, _Graph] = {}    # signature -> what PoocH knows of it
         self._order = GraphOrder()                  # and the order the graphs come in
         self._deviations: list[str] = []
-        self._found_at_start = self._closing = self._budget_applied = False
+        self._found_at_start = self._closing = self._budget_applied = self._exiting = False
         self._told: set[Any] = set()             # what was said once
         self._trained = self._checked_passes = 0    # iterations; passes the check saw
         self._updated = False                       # an optimizer has updated a parameter
@@ -171,6 +171,7 @@ class PoocH(Refusals, PoochResults):
                 self.runtime.abandon()
                 if not self._updated and issubclass(exc_type, (PoochError, MemoryError)):
                     self._snapshot.restore()    # out of memory on a GPU, say: nothing changed
+            self._exiting = True        # an iteration it ends has no next one
             self.runtime.__exit__(exc_type, exc, tb)
             if exc_type is None and not self._trained:
                 self._say(NOTHING_TRAINED)

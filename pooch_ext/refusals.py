@@ -11,6 +11,7 @@ from typing import Any
 
 from pooch_ext.errors import BudgetTooSmallError, UnsupportedLoopError
 from pooch_ext.hooks.executor import AFTER_LAST_OP
+from pooch_ext.units import format_bytes
 from pooch_ext.policies import refuse_below_floor
 from pooch_ext.profile import Profile
 from pooch_ext.trace import GraphTrace
@@ -53,7 +54,8 @@ class Refusals:
         (measured: a loop that keeps ``x`` while it makes the next batch holds one batch
         more there than at any op; a user's MLP went 33% over, every iteration, at the
         minimum the end of backward had named). The iterator and the loop's own counters
-        have moved one batch on (as at any refusal); models and optimizers are as before."""
+        have moved one batch on (as at any refusal); models and optimizers are as before.
+        Where the block ends with that iteration, no later one runs it: recorded, not refused."""
         if self._closing or not self._updated or self._gate.lifted:
             return
         held = [o["held_bytes"] for o in self.overruns
@@ -64,7 +66,11 @@ class Refusals:
         worst = max(held, default=0)
         if self.ranks is not None:          # every rank refuses, or none
             worst = self.ranks.most(worst)
-        if worst > self.budget_bytes:
+        if worst > self.budget_bytes and self._exiting:
+            # the block ends with this iteration: nothing runs it again, and the update stays
+            self._overrun(f"the device held {format_bytes(worst)} ({worst} bytes) > budget "
+                          f"{format_bytes(self.budget_bytes)} at {AFTER_LAST_OP}", worst)
+        elif worst > self.budget_bytes:
             self._refuse(BudgetTooSmallError(
                 self.budget_bytes, worst,
                 f"{self._model_name()} with what this loop holds after its first update, "

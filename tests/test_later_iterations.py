@@ -182,6 +182,26 @@ def test_an_optimizer_hook_that_allocates_at_the_update_is_refused_with_the_upda
     assert len(refusals) == 2 and "after its first update" in str(refusals[1])
 
 
+def test_a_block_that_ends_with_its_first_update_is_not_refused_as_it_closes():
+    """The same hook in a block of one iteration: its end is the block's exit, after which
+    nothing runs the tail again. Refusing there had undone the whole, finished training
+    (the model put back as the block closed); now it is recorded, the update stays."""
+    def run(budget: int | None) -> tuple:
+        model, optimizer = fresh("mlp")
+        optimizer.add_hook(chainer.optimizer_hooks.Lasso(1e-4))
+        block = PoocH(model, device=CpuDevice(), verbose=False, budget=budget) if budget \
+            else contextlib.nullcontext()
+        with block:
+            drops_loss(model, optimizer, batches(1), [])
+        return model_state(model, optimizer), block
+    with pytest.raises(BudgetTooSmallError) as refused:
+        run(1000)
+    state, pooch = run(refused.value.minimum_bytes)
+    assert states_equal(state, run(None)[0])
+    assert [o["before_update"] for o in pooch.overruns] == [False]
+    assert "after the iteration's last op" in pooch.overruns[0]["message"]
+
+
 @pytest.mark.parametrize("profile_iters", [1, 2])
 def test_gradients_accumulated_before_the_first_update_are_checked_at_that_update(
         profile_iters):
