@@ -73,6 +73,9 @@ from pooch_ext.profile import Profile
 from pooch_ext.sim.budgets import resolve_host_budget
 from pooch_ext.units import parse_bytes
 
+# iterations that update whose stretch after the last op the check sees (the second holds
+# what the first left alive beside its replacement): Refusals._check_first_tail
+TAIL_CHECKS = 2
 log = logging.getLogger("pooch_ext")
 MAX_PLANS = 8     # graphs whose plans are kept (the last partial batch, a branch, ...)
 RECENT = 64       # a graph without a plan seen in the last RECENT iterations keeps measuring on
@@ -122,6 +125,7 @@ class PoocH(Refusals, PoochResults):
         self._told: set[Any] = set()             # what was said once
         self._trained = self._checked_passes = 0    # iterations; passes the check saw
         self._updated = False                       # an optimizer has updated a parameter
+        self._updating_ends = 0                     # iterations that updated, ended
         self._refusal: Exception | None = None      # raised before the first update
         self._gate = UpdateGate(self._before_update)  # before updates of the first iteration
         self.overruns: list[dict] = []              # budget overruns the CPU device measured
@@ -245,7 +249,8 @@ class PoocH(Refusals, PoochResults):
             return              # not a training iteration PoocH can plan (or learn from)
         self._check_first_tail(trace)
         self._trained += 1
-        if self._updated:                   # no refusal comes after the first iteration
+        self._updating_ends += self._updated
+        if self._updating_ends >= TAIL_CHECKS:     # no refusal comes after these
             self._gate.lift()
             self._gate.on_optimizer = None
         signature = trace.signature()

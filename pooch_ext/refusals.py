@@ -1,9 +1,9 @@
 """The moments PoocH may refuse a training run, and what it checks there (a mixin of
 pooch.PoocH): the end of the first backward pass, each update of the first iteration, an
-unsupported loop found before the first update, the end of the first iteration that updates
-(what ran after its last op). A refusal puts back parameters, gradients
+unsupported loop found before the first update, the end of the first two iterations that
+update (what ran after their last op). A refusal puts back parameters, gradients
 and optimizers (the snapshot PoocH took), so the failed attempt changes nothing; none comes
-after the first iteration that updates."""
+after the second iteration that updates."""
 from __future__ import annotations
 
 import math
@@ -47,19 +47,24 @@ class Refusals:
             self._refuse(refusal)
 
     def _check_first_tail(self, trace: GraphTrace) -> None:
-        """The end of the first iteration that updated (its gate is still down): what ran
-        after its last op (the update, the loop's own code, the next batch) has no plan and
-        every later iteration runs it again, so where it held more than the budget no plan
-        keeps the run within it: refused here, the updates put back, naming what it held
-        (measured: a loop that keeps ``x`` while it makes the next batch holds one batch
-        more there than at any op; a user's MLP went 33% over, every iteration, at the
-        minimum the end of backward had named). The iterator and the loop's own counters
-        have moved one batch on (as at any refusal); models and optimizers are as before.
-        Where the block ends with that iteration, no later one runs it: recorded, not refused."""
+        """The end of each of the first two iterations that updated (the gate is still down,
+        ``TAIL_CHECKS``): what ran after the last op (the update, the loop's own code, the
+        next batch) has no plan and every later iteration runs it again, so where it held
+        more than the budget no plan keeps the run within it: refused here, the updates put
+        back, naming what it held (measured: a loop that keeps ``x`` while it makes the next
+        batch holds one batch more there than at any op; a user's MLP went 33% over, every
+        iteration, at the minimum the end of backward had named). The second such stretch
+        also holds what the first left alive beside its replacement (evaluation outputs kept
+        by name: a user's logits, every later iteration 2.1% over the first's need), which
+        the first cannot tell from what the next forward replaces (a model's last attention
+        weights). The iterator and the loop's own counters have moved on (as at any
+        refusal); models and optimizers are as before. Where the block ends with that
+        iteration, no later one runs it: recorded, not refused."""
         if self._closing or not self._updated or self._gate.lifted:
             return
         held = [o["held_bytes"] for o in self.overruns
-                if not o["before_update"] and AFTER_LAST_OP in o["message"]]
+                if not o["before_update"] and AFTER_LAST_OP in o["message"]
+                and o["iteration"] == self.runtime.iteration]
         sample = self.profiler.last_sample
         if sample is not None and sample.trace is trace and sample.after_last_op is not None:
             held.append(sample.after_last_op)
@@ -73,7 +78,7 @@ class Refusals:
         elif worst > self.budget_bytes:
             self._refuse(BudgetTooSmallError(
                 self.budget_bytes, worst,
-                f"{self._model_name()} with what this loop holds after its first update, "
+                f"{self._model_name()} with what this loop holds after its first updates, "
                 "before the next forward (the update, the loop's own code, the next batch: "
                 "no plan runs there)"), in_iteration=False)
 
