@@ -331,9 +331,11 @@ class CpuDevice:
         if self.enforce and self.budget is not None and total > self.budget:
             if index is not None:
                 where = f"{where} {index}" + (f" ({type(function).__name__})" if function else "")
-            message = (f"CPU device out of memory{' at ' + where if where else ''}: "
+            # recorded while training goes on, it is no error; its bytes show a small excess
+            what = "out of memory" if self.on_overrun is None else "over its budget"
+            message = (f"CPU device {what}{' at ' + where if where else ''}: "
                        f"{format_bytes(total)} held ({total} bytes, {self.memory_source}) > "
-                       f"budget {format_bytes(self.budget)}")
+                       f"budget {format_bytes(self.budget)} ({self.budget} bytes)")
             if self.on_overrun is None:
                 raise DeviceOutOfMemoryError(message)
             self.on_overrun(message, total)

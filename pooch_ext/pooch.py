@@ -306,7 +306,7 @@ class PoocH(Refusals, PoochResults):
                 graph.provisional = self._swap_all_program(profile, trace)
             self._say(f"the {self._policy_name()} plan cannot run ({error}); going on " + (
                 "with the swap-all plan the profiling ran" if graph.provisional else
-                "unplanned, over the budget (see PoocH.overruns)"))
+                "unplanned, on demand (where it goes over the budget: PoocH.overruns)"))
             graph.program = graph.provisional
             graph.profile = self.profile = profile
             return
@@ -321,7 +321,8 @@ class PoocH(Refusals, PoochResults):
         try:
             profile, plan = self._agreed(profile, lambda agreed: self._classify(agreed, "swap-all"))
         except BudgetTooSmallError as error:
-            message = f"this graph cannot run within the budget ({error}); it runs unplanned"
+            message = (f"no plan of this graph fits the budget ({error}); it runs unplanned, "
+                       "on demand (where it goes over the budget: PoocH.overruns)")
             if message not in self._told:
                 self._told.add(message)
                 self._say(message)

@@ -27,18 +27,21 @@ class Refusals:
         return not self._closing and self._trained == 0
 
     def _before_update(self) -> None:
-        """Each update of the first iteration (the gate is lifted as it ends): checks again
-        what ran since the last check (later backward passes, a GAN's generator pass after
-        the discriminator's update; an overrun before any update) and refuses, putting back
-        parameters, gradients and optimizers."""
+        """Each update while the gate is down (the first two iterations that update): checks
+        again what ran since the last check (later backward passes, a GAN's generator pass
+        after the discriminator's update; an overrun before any update, or in the second
+        updating iteration: a graph first met there, run on demand over the budget, such as
+        a GRU given the state the first iteration made, 1.8% over) and refuses, putting
+        back parameters, gradients and optimizers."""
         refusal, self._refusal = self._refusal, None
         trace = self.runtime.trace
-        overran = not self._updated and bool(self.overruns)     # _overrun
+        overran = bool(self.overruns) if not self._updated else any(   # _overrun
+            o["iteration"] == self.runtime.iteration for o in self.overruns)
         if refusal is None and trace and (trace.passes > self._checked_passes or overran):
             if overran and self.runtime.profiler is not self.profiler:   # ran unmeasured:
                 refusal = BudgetTooSmallError(                          # what it held, then
                     self.budget_bytes, max(o["held_bytes"] for o in self.overruns),
-                    "what this loop held before its first update")
+                    "what this loop held before an update")
             else:
                 self.profiler.backward_complete(every_pass=True)   # what later passes hold
                 refusal = self._refusal_for(trace, overran)
@@ -138,7 +141,7 @@ class Refusals:
         """Why the iteration so far says this run cannot work (None: it can), on a profile of
         what it measured: in the first iteration, or in any before the first update that
         ``overran`` the budget."""
-        window = self._in_refusal_window() or (overran and not self._updated)
+        window = self._in_refusal_window() or (overran and not self._gate.lifted)
         if not window or self._closing or trace.unsupported:
             return None                     # an unsupported loop is refused at the update
         self._checked_passes = trace.passes

@@ -12,6 +12,7 @@ and at 8.6 MiB in every iteration, the plan never made).
 from __future__ import annotations
 
 import contextlib
+from typing import Callable
 import weakref
 
 import numpy as np
@@ -26,7 +27,7 @@ from pooch_ext.errors import BudgetTooSmallError
 from pooch_ext.hooks.cpu_device import CpuDevice
 from pooch_ext.pooch import PoocH
 from pooch_ext.sim.budgets import minimum_budget
-from pooch_ext.loop_styles import LOOPS, batches, drops_loss, fresh, run
+from pooch_ext.loop_styles import LOOPS, batches, drops_loss, fresh, keeps_loss, run
 from pooch_ext.testing import NStepTagger, at_first_minimum, model_state, states_equal
 
 
@@ -67,6 +68,17 @@ def test_a_budget_accepted_on_the_first_iteration_holds_in_every_later_one(net, 
             pooch.overruns == [], (budget, later, pooch.overruns)
         assert all(h.peak_bytes <= budget for h in pooch.runtime.history[before:]), \
             [(h.iteration, h.peak_bytes) for h in pooch.runtime.history]
+
+
+def _seeded(build) -> Callable[[], tuple]:
+    """``make`` for ``_follow_refusals``: ``build()`` under seed 0, with SGD (lr 0.1) on it."""
+    def make() -> tuple:
+        np.random.seed(0)
+        model = build()
+        optimizer = chainer.optimizers.SGD(0.1)
+        optimizer.setup(model)
+        return model, optimizer
+    return make
 
 
 def _follow_refusals(make, loop) -> tuple[list, int]:
@@ -176,12 +188,7 @@ def test_evaluation_outputs_kept_by_name_are_counted_beside_the_next_ones(kept):
     xv, tv = rs.randn(256, 100).astype("f"), rs.randint(0, 10, 256).astype("i")
     log: list = []
 
-    def make() -> tuple:
-        np.random.seed(0)
-        model = chainer.Sequential(L.Linear(100, 200), F.relu, L.Linear(200, 10))
-        optimizer = chainer.optimizers.SGD(0.1)
-        optimizer.setup(model)
-        return model, optimizer
+    make = _seeded(lambda: chainer.Sequential(L.Linear(100, 200), F.relu, L.Linear(200, 10)))
 
     def loop(model, optimizer) -> None:
         for x, t in zip(xs, ts):
@@ -197,6 +204,39 @@ def test_evaluation_outputs_kept_by_name_are_counted_beside_the_next_ones(kept):
             log.append(float(acc.array))
     refusals, _ = _follow_refusals(make, loop)
     assert "after its first update" in str(refusals[-1])
+
+
+class _CarriesState(chainer.Chain):
+    """The first iteration has no state; later ones add what the last left: a longer graph."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        with self.init_scope():
+            self.a, self.b, self.c = L.Linear(64, 256), L.Linear(256, 256), L.Linear(256, 4)
+        self.h = None
+
+    def forward(self, x):
+        h = F.relu(self.a(x))
+        if self.h is not None:
+            for _ in range(6):
+                h = F.relu(self.b(h + self.h))
+        self.h = h.array.copy()
+        return self.c(h)
+
+
+def test_a_graph_first_met_in_the_second_updating_iteration_is_checked_at_its_update():
+    """The first iteration's graph is not the one every later iteration runs (a state the
+    first iteration makes): a budget at the first minimum was accepted and every later
+    iteration ran on demand, 67% over it. The second updating iteration's update now checks
+    the graph it ran where it overran: refused with both updates put back, and at the
+    minimum it names the plan holds, bit-identical."""
+    rs = np.random.RandomState(0)
+    xs, ts = rs.randn(6, 64, 64).astype("f"), rs.randint(0, 4, (6, 64)).astype("i")
+
+    refusals, budget = _follow_refusals(
+        _seeded(_CarriesState), lambda model, optimizer: keeps_loss(model, optimizer,
+                                                                    zip(xs, ts), []))
+    assert len(refusals) == 2 and budget > 1.5 * refusals[0].minimum_bytes
 
 
 @pytest.mark.parametrize("hook", ["GradientNoise", "Lasso"])
