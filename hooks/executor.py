@@ -70,9 +70,8 @@ class Executor(GraphRecorder):
         self._enforce_after = False  # the device's budget is off for this iteration only
         self._in_data: tuple = ()
         self._over_input: Any = None     # the function now writing over its input, if any
-        # (function, its input arrays) -> (forward, backward) pieces to run a convolution in
-        # while no program governs the maps, or None (PoocH: its first iteration); and one
-        # run with backprop off (an evaluation), which no plan governs at any time
+        # (function, its input arrays) -> (forward, backward) pieces (or None) a convolution runs
+        # in where no program governs the maps (a first iteration; backprop off: an evaluation)
         self.on_demand_split: Callable[[Any, tuple], tuple[int, int] | None] | None = None
         self.unrecorded_split: Callable[[Any, tuple], tuple[int, int] | None] | None = None
         # (that function, its incoming gradients, its pieces) as its backward begins: the
@@ -432,6 +431,8 @@ class Executor(GraphRecorder):
         refuse_stale_backward(function)
 
     def on_backward_complete(self, trace: GraphTrace) -> None:
+        first = trace.backward_order[0] if trace.backward_order else -1   # the loss's op
+        self.maps.hold_inputs_while(self.functions[first]() if first >= 0 else None)
         if self.profiler is not None:
             self.profiler.backward_complete()
         if self.backward_done is not None:

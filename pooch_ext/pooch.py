@@ -124,6 +124,7 @@ class PoocH(Refusals, PoochResults):
         self._found_at_start = self._closing = self._budget_applied = self._exiting = False
         self._told: set[Any] = set()             # what was said once
         self._trained = self._checked_passes = 0    # iterations; passes the check saw
+        self._checked_graphs: set = set()           # signatures of the graphs it checked
         self._updated = False                       # an optimizer has updated a parameter
         self._updating_ends = 0                     # iterations that updated, ended
         self._refusal: Exception | None = None      # raised before the first update

@@ -31,12 +31,14 @@ class Refusals:
         again what ran since the last check (later backward passes, a GAN's generator pass
         after the discriminator's update; an overrun before any update, or in the second
         updating iteration: a graph first met there, run on demand over the budget, such as
-        a GRU given the state the first iteration made, 1.8% over) and refuses, putting
-        back parameters, gradients and optimizers."""
+        a GRU given the state the first iteration made, 1.8% over; a checked graph's
+        profiling iteration a little over is not checked again) and refuses, putting back
+        parameters, gradients and optimizers."""
         refusal, self._refusal = self._refusal, None
         trace = self.runtime.trace
-        overran = bool(self.overruns) if not self._updated else any(   # _overrun
-            o["iteration"] == self.runtime.iteration for o in self.overruns)
+        overran = bool(self.overruns) if not self._updated else bool(   # _overrun
+            trace and trace.signature() not in self._checked_graphs
+            and any(o["iteration"] == self.runtime.iteration for o in self.overruns))
         if refusal is None and trace and (trace.passes > self._checked_passes or overran):
             if overran and self.runtime.profiler is not self.profiler:   # ran unmeasured:
                 refusal = BudgetTooSmallError(                          # what it held, then
@@ -145,6 +147,7 @@ class Refusals:
         if not window or self._closing or trace.unsupported:
             return None                     # an unsupported loop is refused at the update
         self._checked_passes = trace.passes
+        self._checked_graphs.add(trace.signature())
         try:
             with self.device.host_side():   # planning data is the host's, not the device's
                 self.checked_profile = self._build_profile(     # settled as its end will be
