@@ -141,8 +141,9 @@ class Refusals:
 
     def _refusal_for(self, trace: GraphTrace, overran: bool = False) -> BaseException | None:
         """Why the iteration so far says this run cannot work (None: it can), on a profile of
-        what it measured: in the first iteration, or in any before the first update that
-        ``overran`` the budget."""
+        what it measured: in the first iteration, or in one that ``overran`` the budget
+        before the gate lifts (before the first update, or a graph first met in the second
+        updating iteration)."""
         window = self._in_refusal_window() or (overran and not self._gate.lifted)
         if not window or self._closing or trace.unsupported:
             return None                     # an unsupported loop is refused at the update
