@@ -47,6 +47,13 @@ class Refusals:
             else:
                 self.profiler.backward_complete(every_pass=True)   # what later passes hold
                 refusal = self._refusal_for(trace, overran)
+                if refusal is None and overran and self._updated and self.ranks is None:
+                    # a plan fits the new graph from now on, but its first run, on demand,
+                    # went over: the budget it held is the least this loop runs in
+                    refusal = BudgetTooSmallError(self.budget_bytes, max(
+                        o["held_bytes"] for o in self.overruns
+                        if o["iteration"] == self.runtime.iteration),
+                        "what this loop held where its graph changed")
         self._updated = True
         if refusal is not None and not self._closing:
             self._refuse(refusal)
