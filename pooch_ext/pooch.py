@@ -111,7 +111,7 @@ class PoocH(Refusals, PoochResults):
         self._allreduce: AllreduceMeter | None = None
         self.device = device
         self.profile: Profile | None = None
-        self.checked_profile: Profile | None = None   # the first iteration's, checked
+        self.checked_profile: Profile | None = None   # what the last refusal check ran on
         self.plan: Plan | None = None
         self.program: Program | None = None
         self.budget_bytes: int | None = None
@@ -128,7 +128,7 @@ class PoocH(Refusals, PoochResults):
         self._updated = False                       # an optimizer has updated a parameter
         self._updating_ends = 0                     # iterations that updated, ended
         self._refusal: Exception | None = None      # raised before the first update
-        self._gate = UpdateGate(self._before_update)  # before updates of the first iteration
+        self._gate = UpdateGate(self._before_update)  # updates until TAIL_CHECKS iterations end
         self.overruns: list[dict] = []              # budget overruns the CPU device measured
 
     # ------------------------------------------------------------ context

@@ -38,7 +38,7 @@ class Refusals:
         trace = self.runtime.trace
         overran = bool(self.overruns) if not self._updated else bool(   # _overrun
             trace and trace.signature() not in self._checked_graphs
-            and any(o["iteration"] == self.runtime.iteration for o in self.overruns))
+            and bool(self._held_at_overruns()))
         if refusal is None and trace and (trace.passes > self._checked_passes or overran):
             if overran and self.runtime.profiler is not self.profiler:   # ran unmeasured:
                 refusal = BudgetTooSmallError(                          # what it held, then
@@ -50,10 +50,8 @@ class Refusals:
                 if refusal is None and overran and self._updated and self.ranks is None:
                     # a plan fits the new graph from now on, but its first run, on demand,
                     # went over: the budget it held is the least this loop runs in
-                    refusal = BudgetTooSmallError(self.budget_bytes, max(
-                        o["held_bytes"] for o in self.overruns
-                        if o["iteration"] == self.runtime.iteration),
-                        "what this loop held where its graph changed")
+                    refusal = BudgetTooSmallError(self.budget_bytes, max(self._held_at_overruns()),
+                                                  "what this loop held where its graph changed")
         self._updated = True
         if refusal is not None and not self._closing:
             self._refuse(refusal)
@@ -74,9 +72,7 @@ class Refusals:
         iteration, no later one runs it: recorded, not refused."""
         if self._closing or not self._updated or self._gate.lifted:
             return
-        held = [o["held_bytes"] for o in self.overruns
-                if not o["before_update"] and AFTER_LAST_OP in o["message"]
-                and o["iteration"] == self.runtime.iteration]
+        held = self._held_at_overruns(after_last_op=True)
         sample = self.profiler.last_sample
         if sample is not None and sample.trace is trace and sample.after_last_op is not None:
             held.append(sample.after_last_op)
@@ -93,6 +89,13 @@ class Refusals:
                 f"{self._model_name()} with what this loop holds after its first updates, "
                 "before the next forward (the update, the loop's own code, the next batch: "
                 "no plan runs there)"), in_iteration=False)
+
+    def _held_at_overruns(self, after_last_op: bool = False) -> list[int]:
+        """The bytes held at each overrun of the iteration in progress (``after_last_op``:
+        only those after its last op, once an update ran)."""
+        return [o["held_bytes"] for o in self.overruns
+                if o["iteration"] == self.runtime.iteration and (not after_last_op or (
+                    not o["before_update"] and AFTER_LAST_OP in o["message"]))]
 
     def _model_name(self) -> str:
         return (self.checked_profile.meta.get("model", "the model")
