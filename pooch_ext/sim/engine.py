@@ -36,6 +36,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections import deque
+from typing import Sequence
 
 import numpy as np
 
@@ -155,6 +156,7 @@ class _Run:
         self.c_so, self.c_rel, self.c_si, self.c_wait, self.c_rc, self.c_free = (
             model.act_s.get(a, 0.0)
             for a in ("swap_out", "release", "swap_in", "wait", "recompute", "free"))
+        self.rec = Recorder(self.n) if record else None
         self._static_actions(codes, life)
         self.rest = compute_to_come(dur, self.rc_s, life, self.c_rc) if cutoff < math.inf else None
         self.cut_short = False
@@ -176,26 +178,29 @@ class _Run:
         self.qpos = 0
         self.delayed = 0
         self.overflow = ""
-        self.sync_prev: list[int] = []        # vDNN: prefetches the next op synchronizes on
-        self.rec = Recorder(self.n) if record else None
+        self.sync_prev: Sequence[int] = ()    # vDNN: prefetches the next op synchronizes on
         self.releases = 0                     # counts top's decreases (room() memo)
         self.blocked = (-1, -1, -1)           # (map, boundary of the blocking peak, releases)
 
     def _static_actions(self, codes: np.ndarray, life: Lifetimes) -> None:
         """Per boundary: swap-outs, recomputes, frees, and the swap-in waits (sources of a
-        recompute first, then the op's own)."""
+        recompute first, then the op's own). Frees are listed only where something reads
+        them (a recording, or a host cost per free): every map has one, and a search's
+        thousands of runs would build them for nothing."""
         so_at: dict[int, list[int]] = {}
         rc_at: dict[int, list[int]] = {}
         free_at: dict[int, list[int]] = {}
         end_at, last_fwd = self.end_at, self.last_fwd
-        producer, rc_point = self.producer, life.rc_point.tolist()
-        for i, c in enumerate(codes.tolist()):
-            free_at.setdefault(end_at[i], []).append(i)
-            if c == SWAP:
-                so_at.setdefault(producer[i] + 1, []).append(i)
-            elif c == RECOMPUTE:
-                free_at.setdefault(last_fwd[i] + 1, []).append(i)
-                rc_at.setdefault(rc_point[i], []).append(i)
+        producer, rc_point = self.producer, life.rc_point
+        if self.rec or self.c_free:
+            for i, c in enumerate(codes.tolist()):
+                free_at.setdefault(end_at[i], []).append(i)
+                if c == RECOMPUTE:
+                    free_at.setdefault(last_fwd[i] + 1, []).append(i)
+        for i in np.flatnonzero(codes == SWAP).tolist():
+            so_at.setdefault(producer[i] + 1, []).append(i)
+        for i in np.flatnonzero(codes == RECOMPUTE).tolist():
+            rc_at.setdefault(int(rc_point[i]), []).append(i)
         self.so_at, self.rc_at, self.free_at = so_at, rc_at, free_at
         self.src_wait_at, self.op_wait_at = swap_waits(self.model, life)
 
@@ -210,47 +215,61 @@ class _Run:
         # cheap tests first (oldest copy not done; next swap-in not needed, due and released)
         inflight, so_done, queue, first_at = self.inflight, self.so_done, self.queue, self.first_at
         target, released, rest, cutoff = self.target, self.released, self.rest, self.cutoff
+        t = self.t       # the clock, local here: the helpers read and move self.t
         for b in range(n + 1):
             if b == n_fwd:
-                self.forward_end = self.t
-                late = swap_in_bound(self.t, queue, so_done, self.si_s, first_at, rest) \
+                self.forward_end = t
+                late = swap_in_bound(t, queue, so_done, self.si_s, first_at, rest) \
                     if rest is not None else 0.0
                 if late >= cutoff:
                     self.cut_short, self.t = True, late
                     return self
             if rec:
-                rec.arrive(b, self.t)
+                rec.arrive(b, t)
                 for i in free_at.get(b, ()):
                     rec.action(b, "free", i)
             if c_free and b in free_at:
-                self.t += c_free * len(free_at[b])
+                t += c_free * len(free_at[b])
             if b in so_at:
+                self.t = t
                 self._swap_outs(b)
-            if ((inflight and so_done[inflight[0]] <= self.t + EPS)
+                t = self.t
+            if ((inflight and so_done[inflight[0]] <= t + EPS)
                     or (self.done_wait and b > self.wait_until)):
+                self.t = t
                 self._release_done(b)
+                t = self.t
             if vdnn:
+                self.t = t
                 self._vdnn_offload_waits(b)
-            if (b in over and top[b] > self.budget
-                    and not self._force_release(b, 0) and not self.overflow):
-                self.overflow = (f"op {b} ({self.model.names[b]}) needs {int(top[b])} "
-                                 f"bytes with every possible release done; budget "
-                                 f"{int(self.budget)}")
-            sync_now = []
+                t = self.t
+            if b in over and top[b] > self.budget:
+                self.t = t
+                if not self._force_release(b, 0) and not self.overflow:
+                    self.overflow = (f"op {b} ({self.model.names[b]}) needs {int(top[b])} "
+                                     f"bytes with every possible release done; budget "
+                                     f"{int(self.budget)}")
+                t = self.t
+            sync_now: Sequence[int] = ()
             if n_fwd <= b < n and self.qpos < n_queue:
                 head = queue[self.qpos]
                 if vdnn or first_at[head] == b or (target[head] <= b and released[head]
                                                    and not self._still_blocked(head, b)):
+                    self.t = t
                     sync_now = self._swap_ins(b)
+                    t = self.t
             if b in rc_at or b in op_wait_at or sync_now or self.sync_prev:   # else nothing
+                self.t = t
                 self._recomputes_and_waits(b, sync_now)
-            if rest is not None and self.t + rest[b] >= cutoff:
-                self.cut_short, self.t = True, self.t + rest[b]
+                t = self.t
+            if rest is not None and t + rest[b] >= cutoff:
+                self.cut_short, self.t = True, t + rest[b]
                 return self
             if b < n:
                 if rec:
-                    rec.op(b, self.t)
-                self.t += dur[b]
+                    rec.op(b, t)
+                t += dur[b]
+        self.t = t
         if self.n_fwd >= n:
             self.forward_end = self.t
         return self
@@ -312,7 +331,7 @@ class _Run:
         pos = np.searchsorted(conv_bwd, b + 1)
         return int(conv_bwd[pos]) if pos < len(conv_bwd) else self.n
 
-    def _recomputes_and_waits(self, b: int, sync_now: list[int]) -> None:
+    def _recomputes_and_waits(self, b: int, sync_now: Sequence[int]) -> None:
         """Recompute (its sources' swap-ins waited for first), then the op's own waits, then
         vDNN's synchronisation on the previous op's prefetches."""
         if b in self.rc_at:
@@ -337,8 +356,8 @@ class _Run:
         self.t += self.c_rel
         self.released[i] = True
         self.top[b:self.end_at[i]] -= self.nbytes[i]       # sim/memory.occupy, inlined
-        self.level[b:self.end_at[i]] -= self.nbytes[i]
-        if self.rec:
+        if self.rec:                                       # (only a recording reads level)
+            self.level[b:self.end_at[i]] -= self.nbytes[i]
             self.rec.action(b, "release", i)
 
     def _release_done(self, b: int) -> None:
@@ -407,7 +426,8 @@ class _Run:
     def _swap_in(self, i: int, b: int) -> None:
         self.t += self.c_si
         self.top[b:self.end_at[i]] += self.nbytes[i]       # sim/memory.occupy, inlined
-        self.level[b:self.end_at[i]] += self.nbytes[i]
+        if self.rec:
+            self.level[b:self.end_at[i]] += self.nbytes[i]
         start = max(self.t, self.h2d_free)
         self.h2d_free = self.si_done[i] = start + self.si_s[i]
         if self.rec:

@@ -230,24 +230,30 @@ def lifetimes(model: SimModel, codes: np.ndarray) -> Lifetimes:
     if memo is not None and memo.get("lifetimes", (None,))[0] == key:
         return memo["lifetimes"][1]
     need = list(model.bwd_need)               # a map's list is copied before it grows
-    first, end = model.bwd_first.tolist(), model.bwd_end.tolist()
-    rc_point = [-1] * model.m
-    grown: set[int] = set()
+    first0, end0 = per_search(model, "needs_as_lists", lambda: (model.bwd_first.tolist(),
+                                                               model.bwd_end.tolist()))
+    # only the maps a recompute touches change: kept aside, then written over the model's
+    lowered: dict[int, int] = {}
+    ended: dict[int, int] = {}
+    points: dict[int, int] = {}
     src_fm = model.src_fm
     for i in np.flatnonzero(codes == RECOMPUTE)[::-1].tolist():   # descendants first:
-        point = first[i]                                          # sources have smaller ids
-        rc_point[i] = point
+        point = lowered.get(i, first0[i])                         # sources have smaller ids
+        points[i] = point
         for s in src_fm[i]:
-            if s not in grown:
+            if need[s] is model.bwd_need[s]:
                 need[s] = list(need[s])
-                grown.add(s)
             need[s].append(point)
-            if point < first[s]:
-                first[s] = point
-            if point + 1 > end[s]:
-                end[s] = point + 1
-    life = Lifetimes(codes.copy(), need, np.array(first, np.int64), np.array(end, np.int64),
-                     np.array(rc_point, np.int64))
+            if point < lowered.get(s, first0[s]):
+                lowered[s] = point
+            if point + 1 > ended.get(s, end0[s]):
+                ended[s] = point + 1
+    first, end = model.bwd_first.copy(), model.bwd_end.copy()
+    rc_point = np.full(model.m, -1, np.int64)
+    for array, changes in ((first, lowered), (end, ended), (rc_point, points)):
+        if changes:
+            array[list(changes)] = list(changes.values())
+    life = Lifetimes(codes.copy(), need, first, end, rc_point)
     for array in (life.codes, life.first, life.end, life.rc_point):
         array.flags.writeable = False
     if memo is not None:
