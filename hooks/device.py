@@ -91,6 +91,15 @@ def broadcast_core(array: Any) -> tuple[Any, tuple[int, ...] | None]:
     return array[tuple(slice(0, 1) if z else slice(None) for z in zero)], tuple(array.shape)
 
 
+def buffer_bytes(array: Any) -> int:
+    """The bytes an array keeps alive: its own, or those of the smaller array it views (a
+    broadcast view, which F.sum's backward hands out as a gradient: 16 KB of a 480 KB one)."""
+    owner = array
+    while getattr(owner, "base", None) is not None and hasattr(owner.base, "nbytes"):
+        owner = owner.base
+    return min(int(array.nbytes), int(owner.nbytes))
+
+
 def dense_layout(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int) -> bool:
     """True when the elements fill exactly one block of ``size * itemsize`` bytes that starts at
     the first element, in any axis order (C, F, or a transposed view of either)."""

@@ -6,9 +6,9 @@ Op times (forward, backward, re-run for recomputation) are the least over the sa
 the first (a warm-up): interference from a shared machine or the copy threads only adds time,
 and with two samples a median is their mean, half of any slow spell (on the CPU device that
 put predictions 6-7% above the measured times at the median, 2% with the least). Scratch sizes
-are the largest seen, swap times the medians of the measured copies (the link preset on the CPU device) and
-``link`` a fit of those copies; the bytes the graph model misses, the host seconds between
-ops and per schedule action are measured here too.
+and the bytes a gradient holds (a broadcast view's fewer) are the largest seen, swap times the
+medians of the measured copies (the CPU device: its link preset's), ``link`` a fit of them;
+the bytes the graph model misses, the host seconds between ops and per action too.
 """
 from __future__ import annotations
 
@@ -38,6 +38,8 @@ class IterationSample:
     forward_s: dict[int, float] = field(default_factory=dict)     # forward op -> seconds
     backward_s: dict[int, float] = field(default_factory=dict)    # forward op -> its backward
     saved_bytes: dict[int, int] = field(default_factory=dict)     # forward op -> bytes kept
+    # forward op -> per output, its gradient's bytes as the op's backward began (-1: none)
+    gradient_bytes: dict[int, tuple[int, ...]] = field(default_factory=dict)
     scratch: dict[int, int] = field(default_factory=dict)         # op (fwd or bwd index) -> bytes
     swap_out_s: dict[int, list[float]] = field(default_factory=dict)
     swap_in_s: dict[int, list[float]] = field(default_factory=dict)
@@ -188,8 +190,7 @@ def _modelled(profile: Profile, samples: list[IterationSample]) -> Iterator[tupl
     for sample in samples:
         if not sample.peak_bytes or sample.schedule is None:
             continue
-        ran = sample.schedule
-        # maps the model classifies, at the graph's boundaries (others are modelled events)
+        ran = sample.schedule    # maps the model classifies, at the graph's boundaries
         schedule = ran[ran["tensor"].isin(maps) & (ran["boundary"] <= profile.n_ops)]
         predicted = schedule_memory(profile, schedule, _ran_configs(profile, sample))
         # gradients the first iteration held through its forward already (Chainer's NaN
@@ -345,6 +346,8 @@ def _measured_costs(use: list[IterationSample], k: int, j: int, calls: dict,
                                        for s in use])
                                   + unmodelled.get(j, 0)) if j >= 0 else 0,
         saved_bytes=int(_median([s.saved_bytes.get(k, 0) for s in use])))
+    if all(k in s.gradient_bytes for s in use):    # the most any sample held, per output
+        row["output_gradient_bytes"] = [max(v) for v in zip(*(s.gradient_bytes[k] for s in use))]
     row["backward_s"] += tail[0]
     row["backward_transient_bytes"] = max(row["backward_transient_bytes"], tail[1])
     if k in calls and configs_of is not None:

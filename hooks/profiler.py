@@ -27,6 +27,7 @@ from pooch_ext.functions import RECOMPUTABLE
 from pooch_ext.hooks import codecs
 from pooch_ext.hooks.allocator import AllocationLog, cupy_memory_hook, scratch_bytes
 from pooch_ext.hooks.conv_configs import conv_call, with_gradient
+from pooch_ext.hooks.device import buffer_bytes
 from pooch_ext.hooks.executor import Executor
 from pooch_ext.hooks.function_nodes import TAG, node_state
 from pooch_ext.hooks.measured_profile import IterationSample
@@ -62,6 +63,7 @@ class Profiler:
         self._fwd_timers: dict[int, Any] = {}
         self._bwd_timers: dict[int, tuple[int, Any]] = {}
         self._saved: dict[int, int] = {}
+        self._grad_bytes: dict[int, tuple[int, ...]] = {}   # IterationSample.gradient_bytes
         self._conv_calls: dict[int, Any] = {}
         self._rerun_timers: dict[int, Any] = {}
         self._timing: tuple[int, Any] | None = None   # (op window, timer) running now
@@ -202,6 +204,10 @@ class Profiler:
         if call is not None and out_grad and out_grad[0] is not None:
             # the gradient's layout, so the split's checks are made on it while profiling
             self._conv_calls[fwd_index] = with_gradient(call, out_grad[0])
+        if out_grad:
+            held = tuple(-1 if g is None else buffer_bytes(g) for g in out_grad)
+            before = self._grad_bytes.get(fwd_index, held)   # a later pass: the most
+            self._grad_bytes[fwd_index] = tuple(map(max, before, held))
         self._bwd_timers[fwd_index] = (index, self._start(index))
 
     def backward_function_done(self) -> None:
@@ -350,6 +356,7 @@ class Profiler:
         sample.forward_s = {k: t.seconds() for k, t in self._fwd_timers.items()}
         sample.backward_s = {k: t.seconds() for k, (_, t) in self._bwd_timers.items()}
         sample.saved_bytes = dict(self._saved)
+        sample.gradient_bytes = dict(self._grad_bytes)
         sample.conv_calls = dict(self._conv_calls)
         sample.splits = dict(executor.stats.splits)
         sample.rerun_s = {k: t.seconds() for k, t in self._rerun_timers.items()}

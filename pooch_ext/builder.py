@@ -65,6 +65,7 @@ class _Tensor:
     producer: int                  # forward op position, -1 for inputs
     output_index: int
     is_input: bool
+    gradient_bytes: int = -1       # measured bytes its gradient holds (-1: as dense as it)
 
 
 @dataclass
@@ -92,8 +93,8 @@ class ProfileBuilder:
                 differentiable: Sequence[int] | None = None, transient_bytes: int = 0,
                 backward_transient_bytes: int = 0, saved_bytes: int = 0,
                 label: str = "", rerun_s: float | None = None,
-                configs: Sequence[tuple] = (), backward_configs: Sequence[tuple] = ()
-                ) -> list[int]:
+                configs: Sequence[tuple] = (), backward_configs: Sequence[tuple] = (),
+                output_gradient_bytes: Sequence[int] = ()) -> list[int]:
         """Record a forward op; returns the ids of its outputs.
 
         ``inputs`` are activation tensor ids (parameters are not tensors here), ``outputs``
@@ -101,15 +102,19 @@ class ProfileBuilder:
         the op's backward needs; ``differentiable`` are positions of inputs that get a
         gradient (default: every input that is not a network input); ``rerun_s`` the time
         to run it again in a recomputation (default: ``duration_s``); ``configs`` /
-        ``backward_configs`` the op's split configurations (profile.py, ops ``configs``).
+        ``backward_configs`` the op's split configurations (profile.py, ops ``configs``);
+        ``output_gradient_bytes`` per output, the bytes its gradient was measured to hold
+        where less than its own (a broadcast view: F.sum's backward), -1 unmeasured.
         """
         for t in inputs:
             if not 0 <= t < len(self._tensors):
                 raise ValueError(f"{name}: unknown input tensor {t}")
         position = len(self._ops)
         ids = []
+        measured = list(output_gradient_bytes) + [-1] * (len(outputs) - len(output_gradient_bytes))
         for index, (shape, dtype) in enumerate(outputs):
-            self._tensors.append(_Tensor(tuple(int(s) for s in shape), str(dtype), position, index, False))
+            self._tensors.append(_Tensor(tuple(int(s) for s in shape), str(dtype), position,
+                                         index, False, int(measured[index])))
             ids.append(len(self._tensors) - 1)
         if differentiable is None:
             differentiable = [i for i, t in enumerate(inputs) if not self._tensors[t].is_input]
@@ -214,6 +219,11 @@ class ProfileBuilder:
     def _bytes(self, t: int) -> int:
         return nbytes_of(self._tensors[t].shape, self._tensors[t].dtype)
 
+    def _gradient_bytes(self, t: int) -> int:
+        """What tensor t's gradient holds: its own bytes, or fewer where measured so."""
+        measured = self._tensors[t].gradient_bytes
+        return self._bytes(t) if measured < 0 else min(measured, self._bytes(t))
+
     def _memory_events(self, loss, order, bwd_index, kinds, fwd_consumers, bwd_consumers, last_op,
                        held):
         # Long on purpose: one pass in op order that places every allocation and free of an
@@ -263,20 +273,20 @@ class ProfileBuilder:
                 remade.setdefault(min(made), []).append(nbytes)
         if order:   # the loss gradient seeds backward
             grad_allocated.add(loss)
-            add(bwd_index[order[0]], "malloc", self._bytes(loss), category="gradient")
+            add(bwd_index[order[0]], "malloc", self._gradient_bytes(loss), category="gradient")
         for f in order:
             j, op = bwd_index[f], self._ops[f]
             for t in dict.fromkeys(op.differentiable):
                 if t not in grad_allocated:
                     grad_allocated.add(t)
-                    add(j, "malloc", self._bytes(t), category="gradient")
+                    add(j, "malloc", self._gradient_bytes(t), category="gradient")
             for nbytes in remade.get(j, ()):
                 add(j, "malloc", nbytes, category="gradient")
             add(j, "malloc", op.backward_transient_bytes, category="transient")
             add(j, "free", op.backward_transient_bytes, category="transient")
             for t in op.outputs:
                 if t in grad_allocated:
-                    add(j, "free", self._bytes(t), category="gradient")
+                    add(j, "free", self._gradient_bytes(t), category="gradient")
             add(j, "free", op.saved_bytes, category="other")
             for t in op.retained:
                 if kinds[t] == "feature_map" and max(bwd_consumers[t]) == j:
@@ -289,7 +299,7 @@ class ProfileBuilder:
         leftover = [t for t in grad_allocated if self._tensors[t].producer < 0
                     or self._tensors[t].producer not in bwd_index]
         for t in leftover:
-            add(last_op, "free", self._bytes(t), category="gradient")
+            add(last_op, "free", self._gradient_bytes(t), category="gradient")
         held_to_the_end = [nbytes for made in remade.values() for nbytes in made]
         if not order:   # no backward: a gradient forward held was never cleared
             held_to_the_end += [nbytes for nbytes, _, in_forward in self._param_grads if in_forward]

@@ -44,6 +44,33 @@ def test_memory_balances_and_incore_peak(toy_profile):
     assert toy_profile.incore_peak_bytes >= toy_profile.resident_bytes + toy_profile.feature_map_bytes
 
 
+def _embedding_sum(gradient_bytes: list[int]):
+    """An embedding's output summed over the sequence: the sum's backward hands the
+    embedding a gradient that may hold fewer bytes than its shape (a broadcast view)."""
+    from pooch_ext.builder import ProfileBuilder
+    from pooch_ext.profile import Device
+
+    b = ProfileBuilder(Device("toy", 1 << 30), get_link("pcie3"))
+    x = b.input((64, 30), "int32")
+    (e,) = b.forward("EmbedIDFunction", [x], [((64, 30, 64), "float32")], 1e-4, 1e-4,
+                     retain_inputs=[0], output_gradient_bytes=gradient_bytes)
+    (h,) = b.forward("Sum", [e], [((64, 64), "float32")], 1e-4, 1e-4)
+    b.forward("SoftmaxCrossEntropy", [h], [((), "float32")], 1e-4, 1e-4, retain_inputs=[0])
+    return b.build()
+
+
+def test_a_gradient_measured_smaller_than_its_shape_holds_only_its_bytes():
+    def gradients(profile) -> list[int]:
+        events = profile.memory[profile.memory["category"] == "gradient"]
+        return events[events["kind"] == "malloc"]["bytes"].tolist()
+
+    dense, view = _embedding_sum([]), _embedding_sum([64 * 64 * 4])
+    assert sum(gradients(dense)) - sum(gradients(view)) == 64 * 30 * 64 * 4 - 64 * 64 * 4
+    assert view.memory_curve()[-1] == view.resident_bytes            # still balanced
+    # measured larger than its shape (a view of a bigger array) never counts more
+    assert gradients(_embedding_sum([1 << 30])) == gradients(dense)
+
+
 def test_round_trip_is_equal(toy_profile, tmp_path):
     toy_profile.save(tmp_path / "p")
     again = Profile.load(tmp_path / "p")

@@ -36,7 +36,6 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections import deque
-from typing import Sequence
 
 import numpy as np
 
@@ -178,7 +177,7 @@ class _Run:
         self.qpos = 0
         self.delayed = 0
         self.overflow = ""
-        self.sync_prev: Sequence[int] = ()    # vDNN: prefetches the next op synchronizes on
+        self.sync_prev: list[int] = []        # vDNN: prefetches the next op synchronizes on
         self.releases = 0                     # counts top's decreases (room() memo)
         self.blocked = (-1, -1, -1)           # (map, boundary of the blocking peak, releases)
 
@@ -215,61 +214,47 @@ class _Run:
         # cheap tests first (oldest copy not done; next swap-in not needed, due and released)
         inflight, so_done, queue, first_at = self.inflight, self.so_done, self.queue, self.first_at
         target, released, rest, cutoff = self.target, self.released, self.rest, self.cutoff
-        t = self.t       # the clock, local here: the helpers read and move self.t
         for b in range(n + 1):
             if b == n_fwd:
-                self.forward_end = t
-                late = swap_in_bound(t, queue, so_done, self.si_s, first_at, rest) \
+                self.forward_end = self.t
+                late = swap_in_bound(self.t, queue, so_done, self.si_s, first_at, rest) \
                     if rest is not None else 0.0
                 if late >= cutoff:
                     self.cut_short, self.t = True, late
                     return self
             if rec:
-                rec.arrive(b, t)
+                rec.arrive(b, self.t)
                 for i in free_at.get(b, ()):
                     rec.action(b, "free", i)
             if c_free and b in free_at:
-                t += c_free * len(free_at[b])
+                self.t += c_free * len(free_at[b])
             if b in so_at:
-                self.t = t
                 self._swap_outs(b)
-                t = self.t
-            if ((inflight and so_done[inflight[0]] <= t + EPS)
+            if ((inflight and so_done[inflight[0]] <= self.t + EPS)
                     or (self.done_wait and b > self.wait_until)):
-                self.t = t
                 self._release_done(b)
-                t = self.t
             if vdnn:
-                self.t = t
                 self._vdnn_offload_waits(b)
-                t = self.t
-            if b in over and top[b] > self.budget:
-                self.t = t
-                if not self._force_release(b, 0) and not self.overflow:
-                    self.overflow = (f"op {b} ({self.model.names[b]}) needs {int(top[b])} "
-                                     f"bytes with every possible release done; budget "
-                                     f"{int(self.budget)}")
-                t = self.t
-            sync_now: Sequence[int] = ()
+            if (b in over and top[b] > self.budget
+                    and not self._force_release(b, 0) and not self.overflow):
+                self.overflow = (f"op {b} ({self.model.names[b]}) needs {int(top[b])} "
+                                 f"bytes with every possible release done; budget "
+                                 f"{int(self.budget)}")
+            sync_now = []
             if n_fwd <= b < n and self.qpos < n_queue:
                 head = queue[self.qpos]
                 if vdnn or first_at[head] == b or (target[head] <= b and released[head]
                                                    and not self._still_blocked(head, b)):
-                    self.t = t
                     sync_now = self._swap_ins(b)
-                    t = self.t
             if b in rc_at or b in op_wait_at or sync_now or self.sync_prev:   # else nothing
-                self.t = t
                 self._recomputes_and_waits(b, sync_now)
-                t = self.t
-            if rest is not None and t + rest[b] >= cutoff:
-                self.cut_short, self.t = True, t + rest[b]
+            if rest is not None and self.t + rest[b] >= cutoff:
+                self.cut_short, self.t = True, self.t + rest[b]
                 return self
             if b < n:
                 if rec:
-                    rec.op(b, t)
-                t += dur[b]
-        self.t = t
+                    rec.op(b, self.t)
+                self.t += dur[b]
         if self.n_fwd >= n:
             self.forward_end = self.t
         return self
@@ -331,7 +316,7 @@ class _Run:
         pos = np.searchsorted(conv_bwd, b + 1)
         return int(conv_bwd[pos]) if pos < len(conv_bwd) else self.n
 
-    def _recomputes_and_waits(self, b: int, sync_now: Sequence[int]) -> None:
+    def _recomputes_and_waits(self, b: int, sync_now: list[int]) -> None:
         """Recompute (its sources' swap-ins waited for first), then the op's own waits, then
         vDNN's synchronisation on the previous op's prefetches."""
         if b in self.rc_at:
