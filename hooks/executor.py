@@ -40,7 +40,6 @@ if TYPE_CHECKING:
 
 SCHEDULED, ON_DEMAND, PASSIVE = "scheduled", "on demand", "passive"
 
-
 # where the device checks what ran after an iteration's last op (the update, the loop's code)
 AFTER_LAST_OP = "the step after the iteration's last op"
 
@@ -87,12 +86,12 @@ class Executor(GraphRecorder):
         self.on_demand = OnDemand(self)
         self.maps.restore_absent = self.on_demand.restore
         self._next_boundary = self._next_action = 0
-        self.head_peak = self._head_functions = 0
+        self.head_peak = self._head_functions = self._forward_only_peak = 0   # (peaks before)
         self._pending_in_data: tuple | None = None
         self._input_bases: set[int] = set()
         self._lazy: list = []          # parameters not made yet (lazily initialised links)
-        # what this iteration did to feature maps: its schedule, as (boundary, action, tensor,
-        # host seconds, whether it waited for a copy); seconds NaN where not timed (on demand)
+        # this iteration's schedule, as (boundary, action, tensor, host seconds, whether it
+        # waited for a copy); seconds NaN where not timed (on demand)
         self.executed: list[tuple[int, str, int, float, bool]] = []
         self._queued: tuple | None = None
 
@@ -249,8 +248,8 @@ class Executor(GraphRecorder):
         self._input_bases, self.executed = set(), []
         self._next_boundary = self._next_action = 0
         if self.model is not None and (self.iteration < 4 or self.iteration % 64 == 0):
-            # gradients and optimizer state count from the start, a parameter a link makes on
-            # its first call (L.Linear(None, n)) from then (on_forward_resolved)
+            # gradients and optimizer state count from the start, a parameter a lazy link
+            # makes on its first call from then (on_forward_resolved)
             self.device.note_resident(self.model)
             self._lazy = [p for p in self.model.params() if p.array is None]
             apart = getattr(getattr(self.device, "counter", None), "apart", None)
@@ -284,6 +283,7 @@ class Executor(GraphRecorder):
         return False
 
     def on_forward_only(self, trace: GraphTrace) -> None:
+        self._forward_only_peak = max(self._forward_only_peak, int(self.device.peak))
         self.on_demand.restore_all()
         self.maps.discard_copies()
         if self.profiler is not None:
@@ -449,9 +449,9 @@ class Executor(GraphRecorder):
             if not self.deviation:
                 self._run_until(self.program.n_ops)
         self.maps.discard_copies()
-        self.maps.inputs_held = {}
-        self.on_demand.candidates = []
-        self.stats.peak_bytes = int(self.device.peak)
+        self.maps.inputs_held, self.on_demand.candidates = {}, []
+        self.stats.peak_bytes, self._forward_only_peak = max(int(self.device.peak),
+                                                             self._forward_only_peak), 0
         self.history.append(self.stats)
         if self.profiler is not None:
             self.profiler.collect(trace)

@@ -115,4 +115,6 @@ def later_gaps(sample: Any, carried: np.ndarray) -> dict[int, int]:
         ran = sample.trace.backward_ran
         kept = sum(nbytes for k, nbytes in sample.saved_bytes.items() if k in ran)
         gaps[0] = max(gaps.get(0, 0), sample.head_peak + int(carried[0]) + kept)
+    elif sample.head_peak is not None and len(carried):   # ran with the last graph held
+        gaps[0] = max(gaps.get(0, 0), sample.head_peak + int(carried[0]))
     return gaps

@@ -78,8 +78,8 @@ class IterationSample:
     # the device's peak from the last op's end on alone (the update, the loop's own code, the
     # next batch made): what no plan governs, which the first updating iteration refuses on
     after_last_op: int | None = None
-    # the first iteration's: the device's peak before its first op (a teacher's forward, the
-    # batch made), which later iterations run with the last graph still held
+    # the device's peak before its first op: the first iteration's (a teacher's forward, the
+    # batch made), any's in a forward-only pass it dropped; later ones hold the last graph too
     head_peak: int | None = None
 
 

@@ -56,6 +56,11 @@ class Profiler:
         self.last_sample: IterationSample | None = None   # of the iteration that just ended
         self.log = AllocationLog()
         self._cupy_hook: Any = None
+        # the most a forward-only pass the first iteration dropped held above what the device
+        # held as that iteration began: every later one runs it again, with the last
+        # iteration's leftovers (``Refusals._check_first_tail``); 0 without one
+        self.head_rise = 0
+        self._start_held = 0
         self._model_ids: set[int] = set()
         self._new_iteration()
 
@@ -64,6 +69,7 @@ class Profiler:
         self._bwd_timers: dict[int, tuple[int, Any]] = {}
         self._saved: dict[int, int] = {}
         self._grad_bytes: dict[int, tuple[int, ...]] = {}   # IterationSample.gradient_bytes
+        self._dropped_peak = 0    # what leading forward-only passes held (``compacted``)
         self._conv_calls: dict[int, Any] = {}
         self._rerun_timers: dict[int, Any] = {}
         self._timing: tuple[int, Any] | None = None   # (op window, timer) running now
@@ -175,6 +181,7 @@ class Profiler:
         if executor.iteration == 0 and not executor.head_peak and counter is not None:
             counter.reset_window()   # what the loop made with NumPy alone before (Executor)
         self.last_sample = None
+        self._start_held = int(executor.device.used_bytes())
         model = self.executor.model
         self._model_ids = model_arrays(model) if model is not None else set()
 
@@ -256,7 +263,11 @@ class Profiler:
         self._stop()
 
     def compacted(self, n_ops: int, n_tensors: int) -> None:
-        """A leading forward-only pass left the iteration: its measurements go with it."""
+        """A leading forward-only pass left the iteration: its measurements go with it, but
+        for the most the device held in it (a frozen encoder cut off by ``.array``, which
+        every iteration runs again: IterationSample.head_peak)."""
+        self._dropped_peak = max([self._dropped_peak] + [
+            v for k, v in (*self._gaps.items(), *self._inside.items()) if k < n_ops])
         self._fwd_timers = {k - n_ops: v for k, v in self._fwd_timers.items() if k >= n_ops}
         self._scratch = {k - n_ops: v for k, v in self._scratch.items() if k >= n_ops}
         self._nonzero = {t - n_tensors: v for t, v in self._nonzero.items() if t >= n_tensors}
@@ -394,7 +405,10 @@ class Profiler:
         sample.codec_s = {codec: list(values) for codec, values in self._codec_s.items()}
         sample.end = self._end
         sample.first = executor.iteration == 0
-        sample.head_peak = executor.head_peak if sample.first and counts else None
+        head = max(executor.head_peak if sample.first else 0, self._dropped_peak)
+        if sample.first and self._dropped_peak and counts:
+            self.head_rise = self._dropped_peak - self._start_held
+        sample.head_peak = head if counts and (sample.first or head) else None
         sample.stale_gradients = set(self._stale or ())
         return sample
 

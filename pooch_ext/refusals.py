@@ -11,6 +11,7 @@ from typing import Any
 
 from pooch_ext.errors import BudgetTooSmallError, UnsupportedLoopError
 from pooch_ext.hooks.executor import AFTER_LAST_OP
+from pooch_ext.hooks.measured_profile import SLACK_BYTES
 from pooch_ext.units import format_bytes
 from pooch_ext.policies import refuse_below_floor
 from pooch_ext.profile import Profile
@@ -36,9 +37,16 @@ class Refusals:
         parameters, gradients and optimizers."""
         refusal, self._refusal = self._refusal, None
         trace = self.runtime.trace
+        held = self._held_at_overruns() if self._updated else []
+        checked = bool(trace) and trace.signature() in self._checked_graphs
         overran = bool(self.overruns) if not self._updated else bool(   # _overrun
-            trace and trace.signature() not in self._checked_graphs
-            and bool(self._held_at_overruns()))
+            trace and not checked and held)
+        if refusal is None and held and checked and self.ranks is None:
+            # a checked graph's second run over the budget (a frozen encoder cut off by
+            # ``unchain()``: 5.3% over, every iteration): what it held, not re-planned, and
+            # the per-op slack of a profile (a budget changes what is kept, by a little)
+            refusal = BudgetTooSmallError(self.budget_bytes, max(held) + SLACK_BYTES,
+                                          "what this loop held in its second updating iteration")
         if refusal is None and trace and (trace.passes > self._checked_passes or overran):
             if overran and self.runtime.profiler is not self.profiler:   # ran unmeasured:
                 refusal = BudgetTooSmallError(                          # what it held, then
@@ -76,6 +84,8 @@ class Refusals:
         sample = self.profiler.last_sample
         if sample is not None and sample.trace is trace and sample.after_last_op is not None:
             held.append(sample.after_last_op)
+        if self.profiler.head_rise:     # a forward-only pass, run again beside what is left
+            held.append(self.profiler.head_rise + self.device.used_bytes())
         worst = max(held, default=0)
         if self.ranks is not None:          # every rank refuses, or none
             worst = self.ranks.most(worst)
@@ -87,8 +97,9 @@ class Refusals:
             self._refuse(BudgetTooSmallError(
                 self.budget_bytes, worst,
                 f"{self._model_name()} with what this loop holds after its first updates, "
-                "before the next forward (the update, the loop's own code, the next batch: "
-                "no plan runs there)"), in_iteration=False)
+                "before the next forward's graph (the update, the loop's own code, the next "
+                "batch, a forward pass no backward reaches: no plan runs there)"),
+                in_iteration=False)
 
     def _held_at_overruns(self, after_last_op: bool = False) -> list[int]:
         """The bytes held at each overrun of the iteration in progress (``after_last_op``:

@@ -414,32 +414,26 @@ def test_a_retained_view_of_part_of_a_larger_array_does_not_keep_all_of_it():
     """NStepLSTM splits its carried state as sequences end and retains a view of the first
     part, which kept the whole state alive: 218112 bytes no profile counted, and the planned
     iterations of this tagger overran the minimum budget by 2.7%. Those nodes get dense
-    copies now: the planned iterations hold the budget, bit-identical to plain Chainer."""
+    copies now. Its second iteration (profiling, after the first update) holds 0.3% more
+    than the first named: refused at its update, both updates undone, naming what it held;
+    there every iteration holds the budget, bit-identical to plain Chainer."""
     rs = np.random.RandomState(3)
     batch = [rs.randint(1, 60, rs.randint(3, 20)).astype("i") for _ in range(32)]
 
-    def train(pooch: dict | None) -> tuple:
+    def make() -> tuple:
         np.random.seed(0)
         model, optimizer = NStepTagger(), chainer.optimizers.Adam()
         optimizer.setup(model)
-        with (PoocH(model, device=CpuDevice(), verbose=False, **pooch) if pooch is not None
-              else contextlib.nullcontext()) as runtime:
-            for _ in range(5):
-                loss = model(batch)
-                model.cleargrads()
-                loss.backward()
-                optimizer.update()
-        return model_state(model, optimizer), runtime
-    plain, _ = train(None)
-    with pytest.raises(BudgetTooSmallError) as refusal:
-        train(dict(budget=1000, profile_iters=2))
-    minimum = refusal.value.minimum_bytes
-    state, pooch = train(dict(budget=minimum, profile_iters=2))
-    assert states_equal(state, plain)
-    runs = pooch.iterations
-    planned = runs[runs.program == "pooch"]
-    assert len(planned) == 3 and (planned.peak_bytes <= minimum).all()
-    assert [o for o in pooch.overruns if runs.program.iloc[o["iteration"]] == "pooch"] == []
+        return model, optimizer
+
+    def loop(model, optimizer) -> None:
+        for _ in range(5):
+            loss = model(batch)
+            model.cleargrads()
+            loss.backward()
+            optimizer.update()
+    refusals, _ = _follow_refusals(make, loop)
+    assert len(refusals) == 2 and "second updating iteration" in str(refusals[1])
 
 
 class _GatedConvs(chainer.Chain):
@@ -1551,3 +1545,48 @@ def test_a_gradient_that_views_a_smaller_one_is_charged_the_bytes_it_holds():
     with PoocH(model, device=CpuDevice(), verbose=False, profile_iters=2) as pooch:
         loop(model, optimizer)
     assert budget <= 1.05 * pooch.iterations.peak_bytes.max(), (budget, pooch.iterations)
+
+
+class _FrozenEncoder(chainer.Chain):
+    def __init__(self) -> None:
+        super().__init__()
+        with self.init_scope():
+            self.c1 = L.Convolution2D(3, 16, 3, pad=1)
+            self.c2 = L.Convolution2D(16, 16, 3, pad=1)
+
+    def forward(self, x):
+        return F.max_pooling_2d(F.relu(self.c2(F.relu(self.c1(x)))), 2)
+
+
+@pytest.mark.parametrize("cut", ["array", "unchain"])
+def test_a_frozen_encoder_cut_off_from_the_graph_is_counted_in_every_iteration(cut):
+    """Fine-tuning a head on a frozen encoder run with backprop on and cut off from the
+    graph: ``encoder(x).array`` (a forward-only pass, dropped from the iteration) or
+    ``unchain()`` (its ops stay, with no backward). Later iterations run it beside what
+    the last one left (its features, its loss): at the minimum the first check named,
+    every later iteration went 38% (array) or 5.3% (unchain) over, and
+    ``PoocH.iterations`` did not show the pass's peak. Following the refusals now reaches
+    a budget that every iteration holds, bit-identical, the peaks with the pass in them."""
+    rs = np.random.RandomState(18)
+    xs, ts = rs.randn(5, 16, 3, 16, 16).astype("f"), rs.randint(0, 10, (5, 16)).astype("i")
+    np.random.seed(0)
+    encoder = _FrozenEncoder()
+
+    def loop(head, optimizer) -> None:
+        for x, t in zip(xs, ts):
+            if cut == "array":
+                h = encoder(x).array
+            else:
+                h = encoder(x)
+                h.unchain()
+            loss = F.softmax_cross_entropy(head(h), t)
+            head.cleargrads()
+            loss.backward()
+            optimizer.update()
+    make = _seeded(lambda: chainer.Sequential(L.Linear(1024, 64), F.relu, L.Linear(64, 10)))
+    _, budget = _follow_refusals(make, loop)
+    head, optimizer = make()
+    with PoocH(head, device=CpuDevice(), verbose=False, budget=budget,
+               profile_iters=2) as pooch:
+        loop(head, optimizer)
+    assert pooch.iterations.peak_bytes.max() > 0.95 * budget     # the pass's peak is in it
