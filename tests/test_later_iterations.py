@@ -1581,3 +1581,45 @@ def test_a_frozen_encoder_cut_off_from_the_graph_is_counted_in_every_iteration(c
                profile_iters=2) as pooch:
         loop(head, optimizer)
     assert pooch.iterations.peak_bytes.max() > 0.95 * budget     # the pass's peak is in it
+
+
+class _ConvBN(chainer.Chain):
+    def __init__(self) -> None:
+        super().__init__()
+        with self.init_scope():
+            self.conv = L.Convolution2D(3, 8, 3, pad=1)
+            self.bn = L.BatchNormalization(8)
+            self.fc = L.Linear(8 * 8 * 8, 4)
+
+    def forward(self, x):
+        return self.fc(F.average_pooling_2d(F.relu(self.bn(self.conv(x))), 2))
+
+
+def test_an_evaluation_on_a_model_copy_is_put_back_and_counted_once():
+    """``model.copy()`` shares the model's arrays. Run in the block, the copy joined what
+    PoocH answers for: a refusal put its snapshot, taken after the first update, back last
+    (the model was left as after that update while Adam was put back), and its parameters
+    counted again as resident at every copy (Chainer's PTB example, which evaluates such a
+    copy, went 22% over its budget). An evaluation of four batches after each update is
+    refused as the first update's iteration ends, after the copy ran: the model is put back
+    as it began, and the budget reached holds with a fresh copy evaluated every time."""
+    rs = np.random.RandomState(5)
+    xs, ts = rs.randn(8, 32, 3, 16, 16).astype("f"), rs.randint(0, 4, (8, 32)).astype("i")
+
+    def make() -> tuple:
+        np.random.seed(0)
+        model, optimizer = _ConvBN(), chainer.optimizers.Adam(alpha=2e-3)
+        optimizer.setup(model)
+        return model, optimizer
+
+    def loop(model, optimizer) -> None:
+        for x, t in zip(xs, ts):
+            loss = F.softmax_cross_entropy(model(x), t)
+            model.cleargrads()
+            loss.backward()
+            optimizer.update()
+            with chainer.using_config("train", False), chainer.no_backprop_mode():
+                model.copy()(evaluated)
+    evaluated = xs.reshape(-1, 3, 16, 16)[:128]     # 4 batches: the update's end refuses
+    refusals, _ = _follow_refusals(make, loop)
+    assert len(refusals) == 2 and "after its first updates" in str(refusals[1])
