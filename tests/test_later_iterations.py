@@ -27,7 +27,8 @@ from pooch_ext.errors import BudgetTooSmallError
 from pooch_ext.hooks.cpu_device import CpuDevice
 from pooch_ext.pooch import PoocH
 from pooch_ext.sim.budgets import minimum_budget
-from pooch_ext.loop_styles import LOOPS, batches, drops_loss, fresh, keeps_loss, run
+from pooch_ext.loop_styles import (LOOPS, NormNet, batches, drops_loss, fresh, keeps_loss,
+                                   run)
 from pooch_ext.testing import NStepTagger, at_first_minimum, model_state, states_equal
 
 
@@ -1583,18 +1584,6 @@ def test_a_frozen_encoder_cut_off_from_the_graph_is_counted_in_every_iteration(c
     assert pooch.iterations.peak_bytes.max() > 0.95 * budget     # the pass's peak is in it
 
 
-class _ConvBN(chainer.Chain):
-    def __init__(self) -> None:
-        super().__init__()
-        with self.init_scope():
-            self.conv = L.Convolution2D(3, 8, 3, pad=1)
-            self.bn = L.BatchNormalization(8)
-            self.fc = L.Linear(8 * 8 * 8, 4)
-
-    def forward(self, x):
-        return self.fc(F.average_pooling_2d(F.relu(self.bn(self.conv(x))), 2))
-
-
 def test_an_evaluation_on_a_model_copy_is_put_back_and_counted_once():
     """``model.copy()`` shares the model's arrays. Run in the block, the copy joined what
     PoocH answers for: a refusal put its snapshot, taken after the first update, back last
@@ -1604,11 +1593,11 @@ def test_an_evaluation_on_a_model_copy_is_put_back_and_counted_once():
     refused as the first update's iteration ends, after the copy ran: the model is put back
     as it began, and the budget reached holds with a fresh copy evaluated every time."""
     rs = np.random.RandomState(5)
-    xs, ts = rs.randn(8, 32, 3, 16, 16).astype("f"), rs.randint(0, 4, (8, 32)).astype("i")
+    xs, ts = rs.randn(8, 32, 3, 16, 16).astype("f"), rs.randint(0, 5, (8, 32)).astype("i")
 
     def make() -> tuple:
         np.random.seed(0)
-        model, optimizer = _ConvBN(), chainer.optimizers.Adam(alpha=2e-3)
+        model, optimizer = NormNet(), chainer.optimizers.Adam(alpha=2e-3)
         optimizer.setup(model)
         return model, optimizer
 
