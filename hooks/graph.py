@@ -117,7 +117,7 @@ class GraphRecorder(chainer.FunctionHook):
         self.trace = None
 
     def _new_link(self, link: chainer.Link) -> None:
-        if self.model is not None and hasattr(self.model, "add") and self.model.add(link):
+        if self.model is not None and hasattr(self.model, "add") and self.model.add(link, held=False):
             self._link_names.refresh()
             self.on_new_link(link)
 

@@ -8,6 +8,8 @@ from typing import Any, Callable
 import pooch_ext  # noqa: F401  (chainer import compat)
 import chainer
 
+from pooch_ext.hooks.scope import Models
+
 
 class LinkNames(chainer.LinkHook):
     """Keeps the stack of link paths being called, for op labels."""
@@ -27,7 +29,9 @@ class LinkNames(chainer.LinkHook):
             self.paths = {id(link): path.lstrip("/") for path, link in self.model.namedlinks()}
 
     def forward_preprocess(self, args: Any) -> None:
-        if id(args.link) not in self.paths:
+        # (by identity too: a link that joined and went, its id given to a new one)
+        if id(args.link) not in self.paths or (isinstance(self.model, Models)
+                                               and args.link not in self.model):
             self.on_new_link(args.link)     # before the link runs: nothing of it changed yet
         self.stack.append(self.paths.get(id(args.link), type(args.link).__name__))
 

@@ -7,6 +7,7 @@ the tests that compare PoocH with plain Chainer bit for bit.
 from __future__ import annotations
 
 import copy
+import weakref
 from typing import Any, Callable, Iterator
 
 import numpy as np
@@ -162,18 +163,21 @@ class ModelSnapshot:
         self._seen: set = set()          # ids of parameters, (link id, name) of values
         self.add(model)
 
-    def add(self, model: Any) -> None:
-        """Also snapshot ``model`` (a link that joined: taken before it first runs); what is
-        already in the snapshot stays as it was taken."""
+    def add(self, model: Any, held: bool = True) -> None:
+        """Also snapshot ``model`` (a link that joined: taken before it first runs; not
+        ``held``: a copy the loop lets go is not kept on the device for it, nor put back);
+        what is already in the snapshot stays as it was taken."""
+        keep: Callable[[Any], Any] = (lambda x: x) if held else weakref.ref
         for p in model.params():
             if id(p) not in self._seen:
                 self._seen.add(id(p))
-                self.params.append((p, host_copy(p.array), (grad_valid(p), host_copy(grad_of(p)))))
+                self.params.append((keep(p), host_copy(p.array),
+                                    (grad_valid(p), host_copy(grad_of(p)))))
         for _, link, name, value in persistent_values(model):
             if (id(link), name) not in self._seen:
                 self._seen.add((id(link), name))
-                self.persistent.append((link, name, host_copy(value) if hasattr(value, "shape")
-                                        else value))
+                self.persistent.append((keep(link), name, host_copy(value)
+                                        if hasattr(value, "shape") else value))
 
     @staticmethod
     def _put(current: Any, saved: Any) -> Any:
@@ -217,7 +221,9 @@ class ModelSnapshot:
                     set_fp32_master(rule, None)     # made again from the parameter
                 else:
                     fp32_master(rule).array = self._put(fp32_master(rule).array, master)
-        for param, array, (valid, grad) in reversed(self.params):
+        for kept, array, (valid, grad) in reversed(self.params):
+            if (param := _alive(kept)) is None:
+                continue
             # a lazily initialised parameter the failed attempt initialised goes back to None
             param.array = None if array is None else self._put(param.array, array)
             if grad is None or param.array is None:
@@ -226,6 +232,13 @@ class ModelSnapshot:
                 set_grad_unchecked(param, chainer.backend.get_device_from_array(
                     param.array).send(grad))
             set_grad_valid(param, valid)
-        for link, name, value in reversed(self.persistent):
+        for kept, name, value in reversed(self.persistent):
+            if (link := _alive(kept)) is None:
+                continue
             current = link.__dict__[name]
             link.__dict__[name] = self._put(current, value) if hasattr(value, "shape") else value
+
+
+def _alive(kept: Any) -> Any:
+    """What a snapshot entry refers to (None: a link that joined and is gone)."""
+    return kept() if isinstance(kept, weakref.ref) else kept

@@ -228,8 +228,9 @@ class PoocH(Refusals, PoochResults):
             self.profiler.attach()
 
     def _link_added(self, link: chainer.Link) -> None:
-        with self.device.host_side():
-            self._snapshot.add(link)
+        if not self._gate.lifted:   # (after, a copy made per evaluation would be kept)
+            with self.device.host_side():
+                self._snapshot.add(link, held=False)
 
 
     def _iteration_done(self, trace: GraphTrace) -> None:
@@ -254,6 +255,7 @@ class PoocH(Refusals, PoochResults):
         if self._updating_ends >= TAIL_CHECKS:     # no refusal comes after these
             self._gate.lift()
             self._gate.on_optimizer = None
+            self._snapshot = ModelSnapshot(Models())   # nothing is put back any more
         signature = trace.signature()
         graph = self._graphs.get(signature)
         if graph is None:
