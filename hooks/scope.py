@@ -39,9 +39,9 @@ class Models:
             self.add(link)
 
     def _tops(self) -> list[chainer.Link]:
+        stale, self._current = not self._current, True    # (a link going now: stale again)
         joined = [link for link in (ref() for ref in self._joined) if link is not None]
-        if not self._current:
-            self._current = True
+        if stale:
             self._joined = [weakref.ref(link, self._gone) for link in joined]
             self._members = {id(sub) for top in self.links + joined for sub in top.links()}
         return self.links + joined
