@@ -268,6 +268,8 @@ class Profiler:
         every iteration runs again: IterationSample.head_peak)."""
         self._dropped_peak = max([self._dropped_peak] + [
             v for k, v in (*self._gaps.items(), *self._inside.items()) if k < n_ops])
+        if self.executor.iteration == 0 and self._dropped_peak:
+            self.head_rise = self._dropped_peak - self._start_held
         self._fwd_timers = {k - n_ops: v for k, v in self._fwd_timers.items() if k >= n_ops}
         self._scratch = {k - n_ops: v for k, v in self._scratch.items() if k >= n_ops}
         self._nonzero = {t - n_tensors: v for t, v in self._nonzero.items() if t >= n_tensors}
@@ -406,8 +408,6 @@ class Profiler:
         sample.end = self._end
         sample.first = executor.iteration == 0
         head = max(executor.head_peak if sample.first else 0, self._dropped_peak)
-        if sample.first and self._dropped_peak and counts:
-            self.head_rise = self._dropped_peak - self._start_held
         sample.head_peak = head if counts and (sample.first or head) else None
         sample.stale_gradients = set(self._stale or ())
         return sample

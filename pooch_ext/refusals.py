@@ -32,9 +32,9 @@ class Refusals:
         again what ran since the last check (later backward passes, a GAN's generator pass
         after the discriminator's update; an overrun before any update, or in the second
         updating iteration: a graph first met there, run on demand over the budget, such as
-        a GRU given the state the first iteration made, 1.8% over; a checked graph's
-        profiling iteration a little over is not checked again) and refuses, putting back
-        parameters, gradients and optimizers."""
+        a GRU given the state the first iteration made, 1.8% over, checked and classified
+        again; a graph already checked, named by what it held, not classified again) and
+        refuses, putting back parameters, gradients and optimizers."""
         refusal, self._refusal = self._refusal, None
         trace = self.runtime.trace
         held = self._held_at_overruns() if self._updated else []
@@ -58,7 +58,7 @@ class Refusals:
                 if refusal is None and overran and self._updated and self.ranks is None:
                     # a plan fits the new graph from now on, but its first run, on demand,
                     # went over: the budget it held is the least this loop runs in
-                    refusal = BudgetTooSmallError(self.budget_bytes, max(self._held_at_overruns()),
+                    refusal = BudgetTooSmallError(self.budget_bytes, max(held),
                                                   "what this loop held where its graph changed")
         self._updated = True
         if refusal is not None and not self._closing:
