@@ -118,3 +118,27 @@ def test_keep_room_fill_keeps_what_a_walk_one_by_one_keeps(seed):
                     top = room.keep(top, i)
                     walked.append(i)
             assert room.fill(room.top, order) == walked
+
+
+@pytest.mark.parametrize("seed", [1, 5])
+def test_a_search_memo_answers_as_a_fresh_simulation_does(seed):
+    """Within a search the lifetimes are kept per recompute set and shared: plans that share
+    a set, and sets seen again later, must simulate exactly as they do outside a search."""
+    from pooch_ext.sim.model import RECOMPUTE, search_memo
+    profile = random_profile(seed, n_layers=14)
+    model = compile_profile(profile, Link("4GB/s", 4 * GB, 4 * GB))
+    budget = budget_between(profile, 0.3)
+    rng = np.random.default_rng(seed)
+    rebuilt_sets = [rng.random(model.m) < p for p in (0.0, 0.3, 0.6)]
+    trials = []
+    for _ in range(24):            # sets revisited in random order, other classes at random
+        codes = rng.integers(0, 2, model.m)
+        codes[rebuilt_sets[rng.integers(3)]] = RECOMPUTE
+        trials.append(np.where(model.can[np.arange(model.m), codes], codes, KEEP))
+    fresh = [run(model, codes, "early", budget, record=True) for codes in trials]
+    with search_memo(model):
+        memoized = [run(model, codes, "early", budget, record=True) for codes in trials]
+    for a, b in zip(fresh, memoized):
+        assert (a.time_s, a.feasible, a.peak_bytes) == (b.time_s, b.feasible, b.peak_bytes)
+        for key, value in a.trace.items():
+            assert repr(value) == repr(b.trace[key]), key

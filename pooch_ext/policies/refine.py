@@ -22,7 +22,7 @@ from pooch_ext.policies.search import (Evaluator, KeepRoom, SearchStats, keep_ca
 from pooch_ext.sim.bounds import compute_floor, in_core_time, link_bound
 from pooch_ext.sim.budgets import fits
 from pooch_ext.sim.memory import occupy
-from pooch_ext.sim.model import KEEP, RECOMPUTE, SWAP, SimModel
+from pooch_ext.sim.model import KEEP, RECOMPUTE, SWAP, SimModel, per_search
 
 
 # the refinement's work limit, in units of search.simulation_cost, so the time it takes is
@@ -62,19 +62,15 @@ def refine(model: SimModel, codes: np.ndarray, budget: int, max_simulations: int
     first_simulation = ev.stats.simulations
     best_time = ev.time(codes)
     floor = in_core_time(model)
-    phases: list[list[tuple[int, ...]] | None] = [_windows(model, 2),
-                                                  _windows(model, 2) + _windows(model, 3)]
+    phases = ["pairs", "triples"]
     if 9 * model.m * (model.m - 1) // 2 <= limit:
-        phases.append(None)      # any two maps, built only if reached
+        phases.append("any two")      # built only if reached
     tried: set[bytes] = set()   # a trial that did not win once never will: best only falls
     allowed = model.can.tolist()
-    for groups in phases:
+    for phase in phases:
         if best_time <= floor or ev.stats.simulations - first_simulation >= limit:
             break
-        if groups is None:
-            groups = [(i, j) for i in range(model.m) for j in range(i + 1, model.m)]
-            groups += _windows(model, 3)
-        slots = _moves(model, groups)
+        slots = _phase_moves(model, phase)
         pos = since = 0
         base = _Base(model, codes, budget, allowed)
         while since < len(slots) and best_time > floor:
@@ -101,6 +97,22 @@ def refine(model: SimModel, codes: np.ndarray, budget: int, max_simulations: int
     stats.refine_simulations += ev.stats.simulations - first_simulation
     stats.seconds += time.perf_counter() - started
     return codes, stats
+
+
+def _phase_moves(model: SimModel, phase: str) -> list[tuple]:
+    """A phase's moves, made once per search (multi_start refines several seeds)."""
+    return per_search(model, f"refine moves: {phase}", lambda: _moves(model, _groups(model, phase)))
+
+
+def _groups(model: SimModel, phase: str) -> list[tuple[int, ...]]:
+    """The groups of maps a phase changes at once: neighbouring pairs; neighbouring pairs
+    and triples; any two maps and neighbouring triples."""
+    if phase == "pairs":
+        return _windows(model, 2)
+    if phase == "triples":
+        return _windows(model, 2) + _windows(model, 3)
+    return ([(i, j) for i in range(model.m) for j in range(i + 1, model.m)]
+            + _windows(model, 3))
 
 
 def _windows(model: SimModel, width: int) -> list[tuple[int, ...]]:

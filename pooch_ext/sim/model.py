@@ -216,49 +216,82 @@ class Lifetimes:
     """The static part of a classification: needs, recompute points, final drops."""
 
     codes: np.ndarray           # (m,) KEEP / SWAP / RECOMPUTE
-    need: list[list[int]]       # ops (backward ops and recompute points) that read each map;
-                                # read-only: maps without recompute points share the model's
+    sources: dict[int, tuple[int, ...]]   # map -> recompute points that read it as a source
+                                          # (its other needs: the model's bwd_need)
     first: np.ndarray           # (m,) first backward need
     end: np.ndarray             # (m,) boundary where it is dropped for good
     rc_point: np.ndarray        # (m,) boundary where a recompute-class map is rebuilt, else -1
+    extra: np.ndarray           # (n+1,) recompute_extra: the most a chain run there holds
+
+
+# a search's lifetimes kept by recompute set (``lifetimes``); enough for a refinement's
+# distinct sets on the paper's networks (1-3 thousand), bounded for deep ones. What is kept
+# is arrays, ints and tuples (one dict per set): a list per grown need, kept as many times,
+# made the garbage collector's full collections cost 10% of ResNet-50's search
+REBUILT_MEMO = 4096
 
 
 def lifetimes(model: SimModel, codes: np.ndarray) -> Lifetimes:
-    """Needs including recompute sources: recomputing Y at its first need reads its sources.
-    The arrays are read-only: within ``search_memo`` the last answer is shared."""
+    """Needs including recompute sources: recomputing Y at its first need reads its sources
+    (``sources``), so they live until then. Everything but ``codes`` depends on the
+    recompute set alone, so within ``search_memo`` it is made once per set (a search tries
+    many keep / swap changes on one set) and shared, read-only, as is the last answer."""
     key, memo = codes.tobytes(), model.memo
     if memo is not None and memo.get("lifetimes", (None,))[0] == key:
         return memo["lifetimes"][1]
-    need = list(model.bwd_need)               # a map's list is copied before it grows
+    rebuilt = codes == RECOMPUTE
+    by_set = per_search(model, "rebuilt", dict)     # outside a search: a throwaway dict
+    set_key = rebuilt.tobytes()
+    parts = by_set.get(set_key)
+    if parts is None:
+        parts = _rebuilt_parts(model, np.flatnonzero(rebuilt))
+        if len(by_set) >= REBUILT_MEMO:
+            by_set.pop(next(iter(by_set)))      # the oldest
+        by_set[set_key] = parts
+    frozen = codes.copy()
+    frozen.flags.writeable = False
+    life = Lifetimes(frozen, *parts)
+    if memo is not None:
+        memo["lifetimes"] = (key, life)
+    return life
+
+
+def _rebuilt_parts(model: SimModel, rebuilt: np.ndarray) -> tuple:
+    """``Lifetimes``' fields after ``codes`` for the recompute set ``rebuilt`` (indices),
+    read-only."""
     first0, end0 = per_search(model, "needs_as_lists", lambda: (model.bwd_first.tolist(),
                                                                model.bwd_end.tolist()))
     # only the maps a recompute touches change: kept aside, then written over the model's
-    lowered: dict[int, int] = {}
-    ended: dict[int, int] = {}
     points: dict[int, int] = {}
+    read_at: dict[int, list[int]] = {}      # source -> the points that read it
     src_fm = model.src_fm
-    for i in np.flatnonzero(codes == RECOMPUTE)[::-1].tolist():   # descendants first:
-        point = lowered.get(i, first0[i])                         # sources have smaller ids
+    for i in rebuilt[::-1].tolist():        # descendants first (sources have smaller ids),
+        reads = read_at.get(i)              # so every point that reads i is known by now
+        point = first0[i] if reads is None else min(first0[i], min(reads))
         points[i] = point
         for s in src_fm[i]:
-            if need[s] is model.bwd_need[s]:
-                need[s] = list(need[s])
-            need[s].append(point)
-            if point < lowered.get(s, first0[s]):
-                lowered[s] = point
-            if point + 1 > ended.get(s, end0[s]):
-                ended[s] = point + 1
+            read_at.setdefault(s, []).append(point)
+    lowered: dict[int, int] = {}
+    ended: dict[int, int] = {}
+    sources: dict[int, tuple[int, ...]] = {}
+    for s, at in read_at.items():
+        if min(at) < first0[s]:
+            lowered[s] = min(at)
+        if max(at) + 1 > end0[s]:
+            ended[s] = max(at) + 1
+        sources[s] = tuple(at) if len(at) == 1 else tuple(set(at))
     first, end = model.bwd_first.copy(), model.bwd_end.copy()
     rc_point = np.full(model.m, -1, np.int64)
     for array, changes in ((first, lowered), (end, ended), (rc_point, points)):
         if changes:
             array[list(changes)] = list(changes.values())
-    life = Lifetimes(codes.copy(), need, first, end, rc_point)
-    for array in (life.codes, life.first, life.end, life.rc_point):
+    extra = np.zeros(model.n + 1, np.int64)
+    if len(rebuilt):
+        run_at = rc_point[rebuilt]
+        np.maximum.at(extra, run_at, model.rc_extra[rebuilt] + model.between[run_at])
+    for array in (first, end, rc_point, extra):
         array.flags.writeable = False
-    if memo is not None:
-        memo["lifetimes"] = (key, life)
-    return life
+    return sources, first, end, rc_point, extra
 
 
 @contextmanager
@@ -295,29 +328,17 @@ def swap_waits(model: SimModel, life: Lifetimes) -> tuple[dict[int, list[int]],
     recompute there)."""
     as_source: dict[int, list[int]] = {}
     as_need: dict[int, list[int]] = {}
-    own_split = per_search(model, "own_waits", lambda: [_split_needs(needs, set(needs))
-                                                        for needs in model.bwd_need])
+    own = per_search(model, "own_waits", lambda: [sorted(set(needs))
+                                                  for needs in model.bwd_need])
+    sources = life.sources
     for i in np.flatnonzero(life.codes == SWAP).tolist():
-        needs = life.need[i]
-        # a list lifetimes did not grow is the model's: its split is made once per search
-        by_op, by_source = (own_split[i] if needs is model.bwd_need[i]
-                            else _split_needs(needs, set(model.bwd_need[i])))
-        for b in by_op:
-            as_need.setdefault(b, []).append(i)
-        for b in by_source:
+        read = sources.get(i, ())
+        for b in own[i]:
+            if b not in read:
+                as_need.setdefault(b, []).append(i)
+        for b in read:
             as_source.setdefault(b, []).append(i)
     return as_source, as_need
-
-
-def _split_needs(needs: list[int], own: set[int]) -> tuple[list[int], list[int]]:
-    """(boundaries where only an op needs the map, boundaries where a recompute reads it):
-    lifetimes appends a source need after the map's own needs, repeating b if the op there
-    needs it too, so more than one entry (or one not its own) is a source."""
-    by_op: list[int] = []
-    by_source: list[int] = []
-    for b in set(needs):
-        (by_source if needs.count(b) > (b in own) else by_op).append(b)
-    return by_op, by_source
 
 
 def static_top(model: SimModel, life: Lifetimes, minimal: bool,
@@ -384,13 +405,9 @@ def swap_in_bound(t: float, queue: list[int], so_done: list[float], si_s: list[f
 
 
 def recompute_extra(model: SimModel, life: Lifetimes) -> np.ndarray:
-    """(n+1,) the most a recompute chain run at each boundary holds beyond its map."""
-    extra = np.zeros(model.n + 1, np.int64)
-    rc = np.flatnonzero(life.codes == RECOMPUTE)
-    if len(rc):
-        points = life.rc_point[rc]
-        np.maximum.at(extra, points, model.rc_extra[rc] + model.between[points])
-    return extra
+    """(n+1,) the most a recompute chain run at each boundary holds beyond its map (made
+    with the lifetimes, whose recompute set it depends on alone)."""
+    return life.extra
 
 
 def host_level(model: SimModel, codes: np.ndarray) -> np.ndarray:
