@@ -266,8 +266,10 @@ def _rebuilt_parts(model: SimModel, rebuilt: np.ndarray) -> tuple:
     read_at: dict[int, list[int]] = {}      # source -> the points that read it
     src_fm = model.src_fm
     for i in rebuilt[::-1].tolist():        # descendants first (sources have smaller ids),
-        reads = read_at.get(i)              # so every point that reads i is known by now
-        point = first0[i] if reads is None else min(first0[i], min(reads))
+        point = first0[i]                   # so every point that reads i is known by now
+        for read in read_at.get(i, ()):
+            if read < point:
+                point = read
         points[i] = point
         for s in src_fm[i]:
             read_at.setdefault(s, []).append(point)
@@ -275,11 +277,16 @@ def _rebuilt_parts(model: SimModel, rebuilt: np.ndarray) -> tuple:
     ended: dict[int, int] = {}
     sources: dict[int, tuple[int, ...]] = {}
     for s, at in read_at.items():
-        if min(at) < first0[s]:
-            lowered[s] = min(at)
-        if max(at) + 1 > end0[s]:
-            ended[s] = max(at) + 1
-        sources[s] = tuple(at) if len(at) == 1 else tuple(set(at))
+        if len(at) == 1:                    # most sources: one reader
+            lo = hi = at[0]
+            sources[s] = (lo,)
+        else:
+            lo, hi = min(at), max(at)
+            sources[s] = tuple(set(at))
+        if lo < first0[s]:
+            lowered[s] = lo
+        if hi >= end0[s]:
+            ended[s] = hi + 1
     first, end = model.bwd_first.copy(), model.bwd_end.copy()
     rc_point = np.full(model.m, -1, np.int64)
     for array, changes in ((first, lowered), (end, ended), (rc_point, points)):
