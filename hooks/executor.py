@@ -420,10 +420,9 @@ class Executor(GraphRecorder):
         return self._holding.settled(trace)
 
     def _drop_node_state(self, trace: GraphTrace) -> None:
-        """The ended iteration's nodes let go of what they kept (hooks/ended_graphs.py). Not
-        while a backward pass still runs, nor after an unsupported iteration (double
-        backprop: a gradient's product can begin what looks like the next iteration while
-        the old graph is read)."""
+        """The ended iteration's nodes let go of what they kept (hooks/ended_graphs.py); not
+        while a backward pass still runs, nor after an unsupported iteration (double backprop:
+        a gradient's product can begin what looks like the next iteration while it is read)."""
         if not self._pass_depth and not trace.unsupported:
             let_go(self.functions, trace.backward_ran)
 
@@ -449,7 +448,8 @@ class Executor(GraphRecorder):
             if not self.deviation:
                 self._run_until(self.program.n_ops)
         self.maps.discard_copies()
-        self.maps.inputs_held, self.on_demand.candidates = {}, []
+        self.maps.inputs_go()
+        self.on_demand.candidates = []
         self.stats.peak_bytes, self._forward_only_peak = max(int(self.device.peak),
                                                              self._forward_only_peak), 0
         self.history.append(self.stats)

@@ -81,6 +81,15 @@ class MapActions:
         if node is not None and self.inputs_held:
             weakref.finalize(node, self.inputs_held.clear)
 
+    def inputs_go(self) -> None:
+        """The iteration ended: its graph is spent (hooks/ended_graphs.py), so no recompute
+        reads its inputs again. They go now, as the profiling iterations' batch went there,
+        not when the loop drops the loss (kept to the next forward: one batch more through
+        it than the plan measured, 900 bytes over a user's minimum); the next graph's go in
+        a dict of their own, since the loss node's finalizer holds this one."""
+        self.inputs_held.clear()
+        self.inputs_held = {}
+
     @property
     def encoded(self) -> dict:
         """Encoded form -> how its map is encoded (the program's; {} without one)."""

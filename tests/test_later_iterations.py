@@ -1616,3 +1616,27 @@ def test_an_evaluation_on_a_model_copy_is_put_back_and_counted_once(deep):
     evaluated = xs.reshape(-1, 3, 16, 16)[:128]     # 4 batches: the update's end refuses
     refusals, _ = _follow_refusals(make, loop)
     assert len(refusals) == 2 and "after its first updates" in str(refusals[1])
+
+
+def test_the_batch_a_recompute_read_goes_when_its_iteration_ends():
+    """A plan that recomputes from the batch holds it for the graph's later passes, until
+    the loss's node goes; a loop that keeps ``loss`` to the next forward kept it through that
+    forward, where the profiling iterations had let it go as the iteration ended (an MLP
+    with dropout on fresh batch copies, 900 bytes over the minimum it named, every
+    iteration from the second planned one on). It now goes as the iteration ends."""
+    rs = np.random.RandomState(0)
+    data, labels = rs.randn(96, 40).astype("f"), rs.randint(0, 5, 96).astype("i")
+
+    def loop(model, optimizer):
+        np.random.seed(123)
+        for i in range(8):
+            j = (i % 3) * 32
+            x, t = data[j:j + 32].copy(), labels[j:j + 32].copy()
+            loss = F.softmax_cross_entropy(model(x), t)
+            model.cleargrads()
+            loss.backward()
+            optimizer.update()
+
+    _follow_refusals(_seeded(lambda: chainer.Sequential(
+        L.Linear(40, 128), F.relu, lambda h: F.dropout(h, 0.3), L.Linear(128, 128), F.relu,
+        L.Linear(128, 5))), loop)
