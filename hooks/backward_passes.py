@@ -57,7 +57,12 @@ def _signalled_grad(original: Callable) -> Callable:
 
 
 def listen(recorder: Any) -> None:
-    """Tell ``recorder`` (its ``_pass_begin`` / ``_pass_end``) of every backward pass."""
+    """Tell ``recorder`` (its ``_pass_begin`` / ``_pass_end``) of every backward pass, and
+    put its function hook (entered) first: the maps it brings back for a backward op are
+    there for the hooks a user entered before PoocH (function_nodes.hand_back_inputs)."""
+    hooks = chainer.get_function_hooks()
+    if hooks.get(recorder.name) is recorder:
+        hooks.move_to_end(recorder.name, last=False)
     if not _LISTENERS:
         import chainer.function_node as function_node
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import sys
 import weakref
 from types import MethodType, ModuleType
 from typing import Any, Callable
@@ -54,6 +55,8 @@ PRIVATE_NAMES: tuple[tuple[str, str | None, str], ...] = (
      "GeneralBatchNormalizationImpl"),
     ("chainer.functions.normalization.batch_normalization", None, "_apply_bn_fwd"),
     ("chainer._backprop", None, "_backprop_to_all"),
+    ("chainer.function_node", None, "_backprop"),    # chainer.grad's loop (hooks_in_data)
+    ("chainer.function_node", "FunctionNode", "_local_function_hooks"),
     # the im2col / GEMM cores of a convolution and of its backward's two functions
     *((module, cls, core) for module, cls in _SPLIT_FUNCTIONS for core in _COMPUTE_CORES),
     *((module, cls, _ND_CORE) for module, cls in _SPLIT_ND_FUNCTIONS),
@@ -245,6 +248,33 @@ def wrap_backprop(wrap: Callable[[Callable], Callable]) -> Callable:
     original = getattr(owner, name)
     setattr(owner, name, wrap(original))
     return original
+
+
+# Chainer's backward loops (``backward()``'s and ``chainer.grad``'s): module, function; each
+# reads its inputs' arrays into the local list ``in_data`` for ``func`` before any hook runs
+BACKWARD_LOOPS = (("chainer._backprop", "_backprop_to_all"), ("chainer.function_node", "_backprop"))
+
+
+def has_other_hooks(function: Any) -> bool:
+    """Whether a function hook besides PoocH's (one, global) sees ``function``'s backward:
+    another global one, or one of the node's own (read without making its table)."""
+    return len(chainer.get_function_hooks()) > 1 or bool(function._local_function_hooks)
+
+
+def hooks_in_data(function: Any) -> list | None:
+    """The list Chainer's backward loop hands every hook of ``function`` as ``in_data`` (a
+    tuple made from it for each hook in turn), found in the loop's frame; None where
+    ``function`` is not the node that loop is at. Read before any hook runs: a map PoocH
+    brings back in its hook is None there, so the hooks after PoocH's see it only once
+    this list has it too."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if (frame.f_globals.get("__name__"), frame.f_code.co_name) in BACKWARD_LOOPS:
+            local = frame.f_locals
+            found = local.get("in_data")
+            return found if local.get("func") is function and isinstance(found, list) else None
+        frame = frame.f_back
+    return None
 
 
 class WeaklyBound:

@@ -21,7 +21,7 @@ import chainer
 
 from pooch_ext.hooks.ended_graphs import guard_spent, let_go, refuse_stale_backward
 from pooch_ext.hooks.update_stamps import UpdateStamps
-from pooch_ext.hooks.function_nodes import TAG
+from pooch_ext.hooks.function_nodes import TAG, hand_back_inputs, take_back_inputs
 from pooch_ext.hooks.graph import GraphRecorder
 from pooch_ext.hooks.inplace_relu import alone, as_chainer, write_over_input
 from pooch_ext.hooks.iteration_stats import IterationStats
@@ -59,9 +59,8 @@ class Executor(GraphRecorder):
         if model is not None:       # counted from the start: what runs before the first op too
             device.note_resident(model)
         self.program: Program | None = None
-        self.on_deviation = on_deviation
+        self.on_deviation, self.link_added = on_deviation, link_added
         self.iteration_done, self.backward_done = iteration_done, backward_done
-        self.link_added = link_added
         self.on_unsupported_run: Callable[[str], None] | None = None
         self.catalog: Callable[[], list[Program]] = lambda: []   # programs to switch to
         self.on_switch: Callable[[Program], None] | None = None
@@ -154,8 +153,7 @@ class Executor(GraphRecorder):
     def _deviate(self, reason: str) -> None:
         if self.deviation or not reason:
             return
-        self.deviation = reason
-        self.stats.deviation = reason
+        self.deviation = self.stats.deviation = reason
         self._unbudgeted()
         for op in self.trace.ops:     # from now on, anything retained may go once unreferenced
             self.on_demand.watch(self.on_demand.retained(op))
@@ -227,10 +225,12 @@ class Executor(GraphRecorder):
         self._out_grad = out_grad
         try:
             super().backward_preprocess(function, in_data, out_grad)
+            hand_back_inputs(function)
         finally:
             self._out_grad = ()
 
     def backward_postprocess(self, function: Any, in_data: tuple, out_grad: tuple) -> None:
+        take_back_inputs(function)
         if self.profiler is not None and self._in_backward:
             self.profiler.backward_function_done()
         super().backward_postprocess(function, in_data, out_grad)

@@ -1,7 +1,8 @@
 """What Chainer's function nodes tell, read without changing them: the tag a recorder puts
 on the nodes of its iteration, the forward ops a set of tensors depends on, how many ops a
 backward pass from a loss will visit, a function's scalar attributes, the arrays it keeps
-for its backward, and whether it is a static subgraph PoocH cannot see into."""
+for its backward, and whether it is a static subgraph PoocH cannot see into; and what the
+hooks after PoocH's are handed of a node's inputs."""
 from __future__ import annotations
 
 from typing import Any
@@ -11,6 +12,7 @@ import chainer
 
 TAG = "_pooch_tag"   # attribute set on VariableNodes / FunctionNodes: (recording serial, index)
 SPENT = "_pooch_spent"   # set on a FunctionNode whose kept arrays went when its iteration ended
+HANDED = "_pooch_handed"   # on a FunctionNode during its backward: inputs handed to the hooks
 
 
 def scalar_attrs(function: Any) -> dict[str, Any]:
@@ -143,3 +145,37 @@ def ancestors(nodes: list, serial: object) -> set[int]:
                 seen.add(id(creator))
                 frontier.append(creator)
     return found
+
+
+def hand_back_inputs(function: Any) -> None:
+    """The arrays PoocH brought back for ``function``'s backward (swapped, recomputed) go
+    into what Chainer hands the hooks after PoocH's before that backward, as plain Chainer
+    hands them (a user's K-FAC hook got None for a swapped input in every iteration that ran
+    on demand, and failed on ``x.T``). Only where another hook reads them: Chainer's list
+    holds them until its loop moves on (``take_back_inputs``)."""
+    from pooch_ext.hooks.chainer_refs import has_other_hooks, hooks_in_data, node_array
+
+    if not has_other_hooks(function):
+        return
+    in_data = hooks_in_data(function)
+    if in_data is None:
+        return
+    handed = [k for k, array in enumerate(in_data) if array is None
+              and node_array(function.inputs[k]) is not None]
+    for k in handed:
+        in_data[k] = node_array(function.inputs[k])
+    if handed:
+        setattr(function, HANDED, handed)
+
+
+def take_back_inputs(function: Any) -> None:
+    """After ``function``'s backward, before PoocH frees or swaps anything: what
+    ``hand_back_inputs`` handed goes out of Chainer's list again (it would hold a map the
+    plan frees there until the next op: more memory than planned), so the hooks after
+    PoocH's see None there after the backward, as for any input the op does not retain."""
+    from pooch_ext.hooks.chainer_refs import hooks_in_data
+
+    handed = function.__dict__.pop(HANDED, None)
+    in_data = hooks_in_data(function) if handed else None
+    for k in handed if in_data is not None else ():
+        in_data[k] = None

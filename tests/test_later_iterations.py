@@ -1640,3 +1640,59 @@ def test_the_batch_a_recompute_read_goes_when_its_iteration_ends():
     _follow_refusals(_seeded(lambda: chainer.Sequential(
         L.Linear(40, 128), F.relu, lambda h: F.dropout(h, 0.3), L.Linear(128, 128), F.relu,
         L.Linear(128, 5))), loop)
+
+
+class _InputsSeen(chainer.FunctionHook):
+    """What a user's hook (K-FAC's, say) reads: each backward op's inputs as handed to it."""
+
+    def __init__(self, name: str) -> None:
+        self.name, self.seen = name, []
+
+    def backward_preprocess(self, function, in_data, out_grad):
+        self.seen.append(("pre", type(function).__name__, [None if a is None else a.tobytes()
+                                                           for a in in_data]))
+
+    def backward_postprocess(self, function, in_data, out_grad):
+        self.seen.append(("post", type(function).__name__, [a is None for a in in_data]))
+
+
+def test_hooks_entered_before_or_inside_the_block_are_handed_what_each_backward_reads():
+    """Chainer reads a backward op's inputs for its hooks before any hook runs, so a map
+    PoocH swapped out and brought back in its own hook reached the others as None, in every
+    iteration that ran on demand (a user's K-FAC hook failed on ``x.T``). PoocH's hook now
+    runs first and the arrays it brings back are handed on: every input an op's backward
+    reads reaches the hooks before it, equal to plain Chainer's, and every hook is called
+    in plain Chainer's order."""
+    rs = np.random.RandomState(0)
+    data, labels = rs.randn(4, 16, 40).astype("f"), rs.randint(0, 5, (4, 16)).astype("i")
+
+    def train(budget, pooch=True):
+        np.random.seed(0)
+        model = chainer.Sequential(L.Linear(40, 96), F.relu, L.Linear(96, 96), F.relu,
+                                   L.Linear(96, 5))
+        optimizer = chainer.optimizers.SGD(0.1)
+        optimizer.setup(model)
+        outer, inner = _InputsSeen("outer"), _InputsSeen("inner")
+        block = PoocH(model, device=CpuDevice(), verbose=False, budget=budget,
+                      profile_iters=2) if pooch else contextlib.nullcontext()
+        with outer, block:
+            with inner:
+                for x, t in zip(data, labels):
+                    loss = F.softmax_cross_entropy(model(x), t)
+                    model.cleargrads()
+                    loss.backward()
+                    optimizer.update()
+        train.seen = (outer.seen, inner.seen)
+        return block, model_state(model, optimizer)
+
+    train(None, pooch=False)
+    plain = train.seen
+    pooch, _ = at_first_minimum(train)
+    assert pooch.iterations.program.iloc[-1] == "pooch"
+    assert set(pooch.plan.classes.values()) - {"keep"}, pooch.plan.classes
+    for seen, seen_plain in zip(train.seen, plain):
+        assert [s[:2] for s in seen] == [s[:2] for s in seen_plain]
+        for (when, name, got), (_, _, want) in zip(seen, seen_plain):
+            reads = {"LinearFunction": [0, 1], "ReLU": [], "SoftmaxCrossEntropy": [0, 1]}[name]
+            for k in reads if when == "pre" else ():
+                assert got[k] is not None and got[k] == want[k]
