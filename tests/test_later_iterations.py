@@ -1628,14 +1628,9 @@ def test_the_batch_a_recompute_read_goes_when_its_iteration_ends():
     data, labels = rs.randn(96, 40).astype("f"), rs.randint(0, 5, 96).astype("i")
 
     def loop(model, optimizer):
-        np.random.seed(123)
-        for i in range(8):
-            j = (i % 3) * 32
-            x, t = data[j:j + 32].copy(), labels[j:j + 32].copy()
-            loss = F.softmax_cross_entropy(model(x), t)
-            model.cleargrads()
-            loss.backward()
-            optimizer.update()
+        np.random.seed(123)        # the dropout masks
+        keeps_loss(model, optimizer, ((data[j:j + 32].copy(), labels[j:j + 32].copy())
+                                      for j in [0, 32, 64] * 3), [])
 
     _follow_refusals(_seeded(lambda: chainer.Sequential(
         L.Linear(40, 128), F.relu, lambda h: F.dropout(h, 0.3), L.Linear(128, 128), F.relu,
@@ -1677,11 +1672,7 @@ def test_hooks_entered_before_or_inside_the_block_are_handed_what_each_backward_
                       profile_iters=2) if pooch else contextlib.nullcontext()
         with outer, block:
             with inner:
-                for x, t in zip(data, labels):
-                    loss = F.softmax_cross_entropy(model(x), t)
-                    model.cleargrads()
-                    loss.backward()
-                    optimizer.update()
+                keeps_loss(model, optimizer, zip(data, labels), [])
         train.seen = (outer.seen, inner.seen)
         return block, model_state(model, optimizer)
 
