@@ -68,7 +68,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--batch", type=int, default=32, help="batch size (default 32)")
     parser.add_argument("--iters", type=int, default=40,
                         help="training iterations, plain and under PoocH (default 40)")
-    parser.add_argument("--profile-iters", type=int, default=3)
+    parser.add_argument("--profile-iters", type=int, default=3,
+                        help="iterations PoocH profiles before it plans (default 3)")
     parser.add_argument("--budget-fraction", type=float, default=0.4,
                         help="budget as a fraction of the in-core need, in (0, 1] "
                              "(default 0.4)")

@@ -83,7 +83,8 @@ class PoochResults:
         for position, stats in enumerate(history):
             following = history[position + 1].started if position + 1 < len(history) else None
             rows.append(dict(
-                iteration=stats.iteration, program=stats.program or "on-demand",
+                iteration=stats.iteration,   # off its plan: on demand (deviation says why)
+                program="on-demand" if stats.deviation or not stats.program else stats.program,
                 wall_s=(following - stats.started) if following else float("nan"),
                 compute_s=max(0.0, stats.finished - stats.started) if stats.finished else float("nan"),
                 peak_bytes=stats.peak_bytes, swap_outs=stats.swap_outs, swap_ins=stats.swap_ins,
