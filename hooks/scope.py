@@ -14,6 +14,7 @@ from typing import Any, Iterable, Iterator
 
 import pooch_ext  # noqa: F401  (chainer import compat)
 import chainer
+import numpy as np
 
 
 class Models:
@@ -31,11 +32,12 @@ class Models:
         self._several = False                  # paths carry /<i> once there were several
         if links is None:
             return
-        if not isinstance(links, chainer.Link) and not hasattr(type(links), "__iter__"):
-            raise TypeError(f"PoocH covers chainer Links; got {type(links).__name__}")
+        if not isinstance(links, chainer.Link) and (not hasattr(type(links), "__iter__") or
+                                                    isinstance(links, (str, bytes, np.ndarray))):
+            raise _not_links(links)
         for link in ([links] if isinstance(links, chainer.Link) else list(links)):
             if not isinstance(link, chainer.Link):
-                raise TypeError(f"PoocH covers chainer Links; got {type(link).__name__}")
+                raise _not_links(link, within=links)
             self.add(link)
 
     def _tops(self) -> list[chainer.Link]:
@@ -95,3 +97,13 @@ class Models:
                 if id(param) not in seen:
                     seen.add(id(param))
                     yield param
+
+
+def _not_links(given: object, within: object = None) -> TypeError:
+    """What PoocH says of a model that is no Link (an optimizer: the model it updates)."""
+    what = type(given).__name__ + (f" in the {type(within).__name__}" if within is not None
+                                   else "")
+    hint = (": pass the model it updates, optimizer.target"
+            if isinstance(given, chainer.Optimizer) else "")
+    return TypeError(f"PoocH covers chainer Links (a Link, or a list of them); got "
+                     f"{what}{hint}")

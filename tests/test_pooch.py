@@ -255,10 +255,14 @@ def test_arguments_of_the_wrong_kind_fail_when_pooch_is_made(arguments, error):
         PoocH(BranchyNet(), **arguments)
 
 
-@pytest.mark.parametrize("model", [chainer.optimizers.SGD(), 3])
-def test_an_object_that_is_no_link_is_named_when_pooch_is_made(model):
-    """A user trial: ``PoocH(optimizer)`` raised "'SGD' object is not iterable"."""
-    with pytest.raises(TypeError, match=f"PoocH covers chainer Links; got {type(model).__name__}"):
+@pytest.mark.parametrize("model,named", [
+    (chainer.optimizers.SGD(), "SGD: pass the model it updates, optimizer.target"), (3, "int"),
+    (np.zeros(3), "ndarray"), ([chainer.links.Linear(2, 2), 3], "int in the list")])
+def test_an_object_that_is_no_link_is_named_when_pooch_is_made(model, named):
+    """User trials: ``PoocH(optimizer)`` raised "'SGD' object is not iterable", and later
+    named the optimizer with no word of its model; ``PoocH(array)`` named an element
+    ("float64")."""
+    with pytest.raises(TypeError, match=f"PoocH covers chainer Links .*; got {named}$"):
         PoocH(model)
 
 
