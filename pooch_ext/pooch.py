@@ -180,6 +180,13 @@ class PoocH(Refusals, PoochResults):
             self.runtime.__exit__(exc_type, exc, tb)
             if exc_type is None and not self._trained:
                 self._say(NOTHING_TRAINED)
+            elif exc_type is None and self.policy is not None and \
+                    self._trained <= self.profile_iters * len(self._graphs) and not any(
+                    stats.program not in ("", "profile") for stats in self.runtime.history):
+                self._say(f"the loop ended before profiling did ({self._trained} training "
+                          f"iterations, profile_iters={self.profile_iters}): no plan was made, "
+                          "every iteration ran as the profiling ones do; a smaller "
+                          "profile_iters plans sooner")
         finally:
             self.profiler.detach()
             self._closing = True

@@ -290,3 +290,14 @@ def test_a_users_policy_may_return_classes_only_pooch_simulates_them():
     assert plan.counts["swap"] > 0 and plan.peak_bytes <= plan.budget_bytes
     assert list(result.pooch.iterations.program[2:]) == ["mine"] * 3
     assert states_equal(state, _loop(5)[1])
+
+
+@pytest.mark.parametrize("iterations,said", [(3, True), (4, True), (5, False)])
+def test_a_loop_that_ends_before_profiling_does_is_told_so(iterations, said):
+    """A user trial: ``profile_iters=10`` over a 5-iteration loop said nothing, and no plan
+    ever ran. At its end the block now says the loop ended before profiling did (also where
+    the last iteration was the last profiled one: a plan made then never runs)."""
+    result, state = _loop(iterations, {"profile_iters": 4, "verbose": False})
+    assert result.error is None and states_equal(state, _loop(iterations)[1])
+    told = [m for m in result.pooch.messages if "ended before profiling did" in m]
+    assert bool(told) == said, result.pooch.messages
