@@ -47,8 +47,9 @@ setup(
     # hooks/ lives at the top level of the repository (it is the part that touches
     # Chainer and CuPy at run time) but installs as pooch_ext.hooks.
     package_dir={"pooch_ext.hooks": "hooks"},
-    # the CPU device's counting NumPy allocator, compiled on first use (hooks/cpu_memory.py)
-    package_data={"pooch_ext.hooks": ["cpu_memory.c"]},
+    # compiled on first use (pooch_ext/cbuild.py): the CPU device's counting NumPy allocator
+    # (hooks/cpu_memory.py) and the simulator's walk (pooch_ext/sim/fastwalk.py)
+    package_data={"pooch_ext.hooks": ["cpu_memory.c"], "pooch_ext.sim": ["walk.c"]},
     install_requires=[
         "chainer==7.8.1",
         "numpy>=1.26",

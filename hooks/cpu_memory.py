@@ -13,26 +13,21 @@ to every live allocation, far too much at each op boundary. The hook counts exac
 arrays' bytes, in C, at the moment they are allocated and freed, temporaries inside a
 function (im2col columns) included.
 
-The module is compiled with the C compiler Python was built with into a per-user cache
-(``$XDG_CACHE_HOME/pooch-ext`` or ``~/.cache/pooch-ext``), keyed by the source, the Python
-and the NumPy version, and written atomically, so parallel test workers share one build.
+The module is compiled on first use (pooch_ext/cbuild.py).
 """
 from __future__ import annotations
 
-import hashlib
 import importlib.machinery
 import importlib.util
-import os
-import subprocess
-import sys
 import sysconfig
-import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
 from typing import Iterator
 
 import numpy as np
+
+from pooch_ext.cbuild import BUILD_ERRORS, compiled, failure as build_failure
 
 SOURCE = Path(__file__).with_name("cpu_memory.c")
 MODULE = "_pooch_cpu_memory"
@@ -48,33 +43,6 @@ def handler_name(array: np.ndarray) -> str | None:
     except ImportError:
         from numpy.core.multiarray import get_handler_name       # NumPy 1.22 - 1.26
     return get_handler_name(array)
-
-
-def cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "pooch-ext"
-
-
-def _target() -> Path:
-    key = hashlib.sha256(SOURCE.read_bytes() + sys.version.encode() + np.__version__.encode())
-    suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
-    return cache_dir() / f"{MODULE}-{key.hexdigest()[:16]}{suffix}"
-
-
-def _build(target: Path) -> None:
-    compiler = (sysconfig.get_config_var("CC") or "cc").split()
-    flags = ["-shared", "-fPIC", "-O2", "-std=c11",
-             f"-I{sysconfig.get_paths()['include']}", f"-I{np.get_include()}"]
-    target.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(suffix=target.suffix, dir=target.parent)
-    os.close(handle)
-    try:
-        subprocess.run([*compiler, *flags, str(SOURCE), "-o", temporary], check=True,
-                       capture_output=True, text=True, timeout=120)
-        os.replace(temporary, target)
-    finally:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
 
 
 class Counter:
@@ -157,16 +125,14 @@ def counter() -> Counter | None:
         return _loaded[0]
     module = None
     try:
-        target = _target()
-        if not target.exists():
-            _build(target)
+        target = compiled(SOURCE, MODULE, importlib.machinery.EXTENSION_SUFFIXES[0],
+                          [f"-I{sysconfig.get_paths()['include']}", f"-I{np.get_include()}"])
         spec = importlib.util.spec_from_file_location(MODULE, target)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         module = Counter(module)
-    except (OSError, subprocess.SubprocessError, ImportError) as error:
-        detail = getattr(error, "stderr", "") or str(error)
-        failure = f"{type(error).__name__}: {detail.strip().splitlines()[-1] if detail else ''}"
+    except BUILD_ERRORS as error:
+        failure = build_failure(error)
         module = None
     _loaded.append(module)
     return module

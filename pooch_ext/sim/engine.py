@@ -23,13 +23,11 @@ boundary each action happens, from its predicted times:
 Memory of an op b is the level at boundary b plus the op's internal peak (its outputs,
 gradients and scratch, from the profile's events); the plan fits when that never exceeds the
 budget. Feasibility depends only on the classes (model.static_top): the dynamic choices
-always have a tightest fallback, so a plan is infeasible only when its static memory is
-(sim/budgets.py answers such questions without simulating; sim/timeline.py turns a recorded
-run into the Timeline and the schedule).
-
-Host memory (model.host_level) depends only on the classes too: a swapped map holds its
-bytes on the host from its swap-out to the end of the iteration. An optional host budget
-(None: unlimited) bounds that peak; ``budgets.minimum_host_budget`` is the least a plan needs.
+always have a tightest fallback (sim/budgets.py answers without simulating; sim/timeline.py
+turns a recorded run into the Timeline and the schedule). Host memory (model.host_level)
+too: a swapped map holds its bytes on the host from its swap-out to the iteration's end; a
+host budget (None: unlimited) bounds that peak (``budgets.minimum_host_budget``: the least).
+The searches' runs walk in C (sim/fastwalk.py), bit for bit as the walk here.
 """
 from __future__ import annotations
 
@@ -44,6 +42,7 @@ from pooch_ext.plan import Plan
 from pooch_ext.profile import Profile
 from pooch_ext.report.classtable import plan_table
 from pooch_ext.sim.budgets import resolve_budget, resolve_host_budget
+from pooch_ext.sim import fastwalk
 from pooch_ext.sim.configs import applied, choose
 from pooch_ext.sim.model import (RECOMPUTE, SWAP, Lifetimes, SimModel, codes_of, compile_profile,
                                 compute_to_come, host_level, host_peak, lifetimes, per_search,
@@ -111,8 +110,7 @@ def run(model: SimModel, codes: np.ndarray, timing: str = "early", budget: float
 
 
 def plain_lists(model: SimModel) -> tuple[list, ...]:
-    """(so_s, si_s, rc_s, last_fwd, producer, dur) of ``model`` as lists, made once per
-    search: every run reads them one element at a time."""
+    """(so_s, si_s, rc_s, last_fwd, producer, dur) of ``model`` as lists, once a search."""
     return per_search(model, "engine_lists", lambda: tuple(
         a.tolist() for a in (model.so_s, model.si_s, model.rc_s, model.last_fwd,
                              model.producer, model.dur)))
@@ -124,9 +122,8 @@ class _Run:
     after the producer, frees, recomputes) come from the classes; the dynamic ones (releases
     once a copy is done, swap-ins as early as the timing and memory allow) are decided here.
 
-    State lives in plain Python lists and floats: numpy scalars are several times slower one
-    at a time, and the search runs this thousands of times. Memory follows sim/memory.py
-    (``occupy`` inlined on ``top`` and ``level``)."""
+    State lives in plain Python lists and floats (numpy scalars are slower one at a time);
+    memory follows sim/memory.py (``occupy`` inlined on ``top`` and ``level``)."""
 
     def __init__(self, model: SimModel, codes: np.ndarray, timing: str, budget: float,
                  record: bool, configs: np.ndarray | None = None,
@@ -143,42 +140,41 @@ class _Run:
             self.configs = configs
             dur, peak = applied(model.configs, configs, model.dur, model.peak_inc)
         self.level, self.top = static_top(model, life, minimal=False, peak_inc=peak)
-        # only ops over the budget here may need a forced release: the top never rises above
-        # this (a release lowers it, a swap-in gives back part of what its map's release took)
-        self.over = set(np.flatnonzero(self.top[:self.n] > budget).tolist())
         self.dur_array, self.nbytes = dur, model.nbytes
-        self.so_s, self.si_s, self.rc_s, self.last_fwd, self.producer, fastest = plain_lists(model)
-        self.dur = fastest if peak is None else dur.tolist()
-        self.first_at, self.end_at = life.first.tolist(), life.end.tolist()
         self.unlimited, self.vdnn = not math.isfinite(budget), timing == "vdnn"
         # the runtime's host seconds per action: compute waits while the host issues them
         self.c_so, self.c_rel, self.c_si, self.c_wait, self.c_rc, self.c_free = (
             model.act_s.get(a, 0.0)
             for a in ("swap_out", "release", "swap_in", "wait", "recompute", "free"))
         self.rec = Recorder(self.n) if record else None
+        self.cut_short, self.delayed, self.overflow = False, 0, ""
+        rest = compute_to_come(dur, model.rc_s, life, self.c_rc) if cutoff < math.inf else None
+        self.fast: tuple | None = None  # what the walk in C reads (sim/fastwalk.py) if it
+        if fastwalk.serves(self):       # takes this run
+            fastwalk.prepare(self, codes, life, rest)
+            return
+        # only ops over the budget here may need a forced release: the top never rises above
+        # this (a release lowers it, a swap-in gives back part of what its map's release took)
+        self.over = set(np.flatnonzero(self.top[:self.n] > budget).tolist())
+        self.so_s, self.si_s, self.rc_s, self.last_fwd, self.producer, fastest = plain_lists(model)
+        self.dur = fastest if peak is None else dur.tolist()
+        self.first_at, self.end_at = life.first.tolist(), life.end.tolist()
         self._static_actions(codes, life)
-        self.rest = compute_to_come(dur, self.rc_s, life, self.c_rc) if cutoff < math.inf else None
-        self.cut_short = False
-        self.swapped = [i for i in range(m) if codes[i] == SWAP]
+        self.rest = None if rest is None else rest.tolist()
+        self.swapped = np.flatnonzero(codes == SWAP).tolist()
         self.queue = sorted(self.swapped, key=lambda i: (self.first_at[i], i))
         self.target = swap_in_targets(model, timing, self.queue, life.first)
 
-        self.so_done = [0.0] * m
-        self.si_done = [math.inf] * m
+        self.so_done, self.si_done = [0.0] * m, [math.inf] * m
         self.released = [False] * m
-        self.stall_d2h = [0.0] * m
-        self.stall_h2d = [0.0] * m
-        self.l_out: set[int] = set()
-        self.l_in: set[int] = set()
+        self.stall_d2h, self.stall_h2d = [0.0] * m, [0.0] * m
+        self.l_out, self.l_in = set[int](), set[int]()
         self.inflight: deque[int] = deque()   # swap-outs not yet released, in copy order
         self.done_wait: list[int] = []        # copied, but a forward op still reads them
         self.wait_until = 0                   # the last forward read among them, the least
         self.t = self.d2h_free = self.h2d_free = self.forward_end = 0.0
-        self.qpos = 0
-        self.delayed = 0
-        self.overflow = ""
+        self.qpos = self.releases = 0         # releases: top's decreases (room() memo)
         self.sync_prev: list[int] = []        # vDNN: prefetches the next op synchronizes on
-        self.releases = 0                     # counts top's decreases (room() memo)
         self.blocked = (-1, -1, -1)           # (map, boundary of the blocking peak, releases)
 
     def _static_actions(self, codes: np.ndarray, life: Lifetimes) -> None:
@@ -207,6 +203,9 @@ class _Run:
     def walk(self) -> _Run:
         """Every boundary in order: frees, swap-outs, releases, swap-ins, recomputes and
         waits, then op b itself on the compute engine."""
+        if self.fast:
+            fastwalk.walk(self)
+            return self
         n, n_fwd, rec, dur, top = self.n, self.n_fwd, self.rec, self.dur, self.top
         free_at, so_at, c_free, vdnn = self.free_at, self.so_at, self.c_free, self.vdnn
         over = self.over
@@ -237,9 +236,7 @@ class _Run:
                 self._vdnn_offload_waits(b)
             if (b in over and top[b] > self.budget
                     and not self._force_release(b, 0) and not self.overflow):
-                self.overflow = (f"op {b} ({self.model.names[b]}) needs {int(top[b])} "
-                                 f"bytes with every possible release done; budget "
-                                 f"{int(self.budget)}")
+                self.overflow = self.overflow_message(1, b, -1, int(top[b]))
             sync_now = []
             if n_fwd <= b < n and self.qpos < n_queue:
                 head = queue[self.qpos]
@@ -258,6 +255,15 @@ class _Run:
         if self.n_fwd >= n:
             self.forward_end = self.t
         return self
+
+    def overflow_message(self, kind: int, b: int, i: int, top: int) -> str:
+        """Why op ``b`` does not fit: ``top`` bytes (kind 1) or map ``i``'s swap-in (2)."""
+        where = f"op {b} ({self.model.names[b]})"
+        if kind == 1:
+            return (f"{where} needs {top} bytes with every possible release done; budget "
+                    f"{int(self.budget)}")
+        return (f"swap-in of tensor {int(self.model.tensor[i])} before {where} does not fit "
+                f"the budget {int(self.budget)}")
 
     def _swap_outs(self, b: int) -> None:
         for i in self.so_at.get(b, ()):
@@ -300,9 +306,7 @@ class _Run:
                         self.delayed += 1
                     break
                 if not self._force_release(b, self.nbytes[i]) and not self.overflow:
-                    self.overflow = (f"swap-in of tensor {int(self.model.tensor[i])} before op "
-                                     f"{b} ({self.model.names[b]}) does not fit the budget "
-                                     f"{int(self.budget)}")
+                    self.overflow = self.overflow_message(2, b, i, 0)
             self._swap_in(i, b)
             self.qpos += 1
             if self.vdnn and not forced:

@@ -386,16 +386,16 @@ def swap_in_targets(model: SimModel, timing: str, order: list[int], first: np.nd
     return {i: n_fwd for i in order}   # early, vdnn (vdnn adds its window at run time)
 
 
-def compute_to_come(dur: np.ndarray, rc_s: list[float], life: Lifetimes,
-                    c_rc: float) -> list[float]:
+def compute_to_come(dur: np.ndarray, rc_s: np.ndarray, life: Lifetimes,
+                    c_rc: float) -> np.ndarray:
     """(n+1,) what the compute engine still has to do after the recomputes at boundary b:
     the ops from b on and the recomputes (with their host seconds) at later boundaries, a
     little under (rounding). The clock plus this bounds a run's time from below."""
     at = np.zeros(len(dur) + 1)
     rebuilt = life.rc_point >= 0
-    np.add.at(at, life.rc_point[rebuilt] - 1, np.asarray(rc_s)[rebuilt] + c_rc)
+    np.add.at(at, life.rc_point[rebuilt] - 1, rc_s[rebuilt] + c_rc)
     at[:-1] += dur
-    return (np.cumsum(at[::-1])[::-1] * (1 - 1e-12)).tolist()
+    return np.cumsum(at[::-1])[::-1] * (1 - 1e-12)
 
 
 def swap_in_bound(t: float, queue: list[int], so_done: list[float], si_s: list[float],
