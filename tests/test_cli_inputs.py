@@ -212,6 +212,19 @@ def test_a_budget_above_the_devices_memory_is_said(saved, capsys):
     assert "above the memory" not in capsys.readouterr().err
 
 
+def test_a_cpu_profile_saved_by_pooch_is_not_said_to_be_too_small(tmp_path_factory, capsys):
+    """A README walk-through: a profile PoocH saved on the CPU device records the budget it
+    ran under as the device's memory, and every larger budget was said not to fit "there",
+    though the CPU device has no memory of its own."""
+    from pooch_ext.profile import Device
+
+    profile = random_profile(6, n_layers=6)
+    profile.device = Device("cpu", budget_between(profile, 0.5), "cpu")
+    where = str(saved_profile(tmp_path_factory, profile, "cpu"))
+    assert main(["classify", where, "--budget", str(budget_between(profile, 0.9))]) in (0, 1)
+    assert "above the memory" not in capsys.readouterr().err
+
+
 def test_byte_sizes_as_a_user_types_them():
     """A trial: '0.5' said 'must be positive' (it was rounded to 0), a host budget of '0.3'
     became 0 silently, '8PiB' was refused though the stated limit, and the unit list left out

@@ -44,7 +44,9 @@ def load(args: argparse.Namespace) -> tuple[Profile, int, float]:
     profile = Profile.load(args.profile_dir)
     budget = require_budget(profile, args.budget)
     capacity = int(profile.device.capacity_bytes)
-    if budget > capacity:       # allowed (what if the device were larger?), but said
+    # allowed (what if the device were larger?), but said; not of the CPU device, which has
+    # no memory of its own (a profile PoocH saved there names the budget it ran under)
+    if budget > capacity and profile.device.kind != "cpu":
         print(f"pooch-ext: note: the budget, {format_bytes(budget)}, is above the memory of "
               f"the profile's device ({profile.device.name}: {format_bytes(capacity)}); a plan "
               "for it does not fit there", file=sys.stderr)
