@@ -46,7 +46,7 @@ from pooch_ext.sim import fastwalk
 from pooch_ext.sim.configs import applied, choose
 from pooch_ext.sim.model import (RECOMPUTE, SWAP, Lifetimes, SimModel, codes_of, compile_profile,
                                 compute_to_come, host_level, host_peak, lifetimes, per_search,
-                                recompute_extra, static_top, swap_in_bound, swap_in_targets,
+                                static_top, swap_in_bound, swap_in_targets,
                                 swap_waits)
 from pooch_ext.sim.timeline import Recorder, RunResult, Timeline, build_timeline
 
@@ -136,7 +136,7 @@ class _Run:
         if len(model.configs):
             if configs is None:
                 tight, _ = static_top(model, life, minimal=True)
-                configs = choose(model.configs, tight, recompute_extra(model, life), budget)
+                configs = choose(model.configs, tight, life.extra, budget)
             self.configs = configs
             dur, peak = applied(model.configs, configs, model.dur, model.peak_inc)
         self.level, self.top = static_top(model, life, minimal=False, peak_inc=peak)

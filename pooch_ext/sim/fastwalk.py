@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from pooch_ext.cbuild import BUILD_ERRORS, compiled, failure as build_failure
-from pooch_ext.sim.model import RECOMPUTE, SWAP, per_search
+from pooch_ext.sim.model import RECOMPUTE, SWAP, per_search, swap_wait_pairs
 
 if TYPE_CHECKING:
     from pooch_ext.sim.engine import _Run
@@ -83,30 +83,11 @@ def _grouped(boundaries: np.ndarray, maps: np.ndarray, n: int) -> list[np.ndarra
     return [offsets, maps[order]]
 
 
-def _waits(run: "_Run", life: Any, swapped: np.ndarray) -> list[np.ndarray]:
-    """Where compute waits for each swapped map's swap-in (model.swap_waits, as arrays):
-    [offsets, maps] where a recompute reads it as a source, then where only an op needs it."""
-    n, own_map, own_b, own_key = per_search(run.model, "fast walk needs", lambda: _needs(run))
-    is_swapped = np.zeros(run.model.m, bool)
-    is_swapped[swapped] = True
-    pairs = sorted((s, b) for s, points in life.sources.items() if is_swapped[s] for b in points)
-    read = np.asarray(pairs, np.int64).reshape(-1, 2)
-    by_op = is_swapped[own_map]
-    if len(read):               # an op's need where the map is read as a source waits there
-        key = read[:, 0] * (n + 2) + read[:, 1]
-        at = np.minimum(np.searchsorted(own_key, key), len(own_key) - 1)
-        by_op[at[own_key[at] == key]] = False
-    return (_grouped(read[:, 1], read[:, 0], n)
-            + _grouped(own_b[by_op], own_map[by_op], n))
-
-
-def _needs(run: "_Run") -> tuple:
-    """(n, each map's own backward needs as map and boundary, by map then boundary, and a key
-    of each pair)."""
-    n, needs = run.n, run.model.bwd_need
-    own_map = np.asarray([i for i, b in enumerate(needs) for _ in sorted(set(b))], np.int64)
-    own_b = np.asarray([k for b in needs for k in sorted(set(b))], np.int64)
-    return n, own_map, own_b, own_map * (n + 2) + own_b
+def _wait_groups(run: "_Run", life: Any) -> list[np.ndarray]:
+    """model.swap_wait_pairs grouped by boundary: where a recompute reads a swapped map as a
+    source, then where only an op needs it ([offsets, maps] each)."""
+    (read_maps, read_b), (op_maps, op_b) = swap_wait_pairs(run.model, life)
+    return _grouped(read_b, read_maps, run.n) + _grouped(op_b, op_maps, run.n)
 
 
 class _Search:
@@ -162,7 +143,7 @@ def walk(run: "_Run") -> None:
     frees = (np.bincount(np.concatenate((life.end, run.model.last_fwd[rebuilt] + 1)),
                          minlength=n + 1) if run.c_free else np.zeros(0, np.int64))
     parts = [life.first, life.end, over, *_grouped(run.model.producer[swapped] + 1, swapped, n),
-             *_grouped(life.rc_point[rebuilt], rebuilt, n), *_waits(run, life, swapped),
+             *_grouped(life.rc_point[rebuilt], rebuilt, n), *_wait_groups(run, life),
              queue, frees]
     packed = np.concatenate(parts, dtype=np.int64, casting="unsafe")
     address, offset = packed.ctypes.data, 0

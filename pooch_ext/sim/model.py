@@ -221,7 +221,7 @@ class Lifetimes:
     first: np.ndarray           # (m,) first backward need
     end: np.ndarray             # (m,) boundary where it is dropped for good
     rc_point: np.ndarray        # (m,) boundary where a recompute-class map is rebuilt, else -1
-    extra: np.ndarray           # (n+1,) recompute_extra: the most a chain run there holds
+    extra: np.ndarray           # (n+1,) most a recompute chain run there holds beyond its map
 
 
 # a search's lifetimes kept by recompute set (``lifetimes``); enough for a refinement's
@@ -327,25 +327,40 @@ def per_search(model: SimModel, key: str, make: Callable[[], Any]) -> Any:
     return model.memo[key]
 
 
-def swap_waits(model: SimModel, life: Lifetimes) -> tuple[dict[int, list[int]],
-                                                           dict[int, list[int]]]:
-    """Where compute waits for the swap-in of each swapped map, as {boundary: maps}: first
-    where a recompute reads it as a source (the wait comes before the recompute, also where
-    the op there needs the map itself too), then where only an op needs it (after any
-    recompute there)."""
+def swap_waits(model: SimModel, life: Lifetimes) -> tuple[dict[int, list[int]], dict]:
+    """``swap_wait_pairs`` as {boundary: maps}, each list in map order (the Python walk's)."""
     as_source: dict[int, list[int]] = {}
     as_need: dict[int, list[int]] = {}
-    own = per_search(model, "own_waits", lambda: [sorted(set(needs))
-                                                  for needs in model.bwd_need])
-    sources = life.sources
-    for i in np.flatnonzero(life.codes == SWAP).tolist():
-        read = sources.get(i, ())
-        for b in own[i]:
-            if b not in read:
-                as_need.setdefault(b, []).append(i)
-        for b in read:
-            as_source.setdefault(b, []).append(i)
+    for at, (maps, boundaries) in zip((as_source, as_need), swap_wait_pairs(model, life)):
+        for i, b in zip(maps.tolist(), boundaries.tolist()):
+            at.setdefault(b, []).append(i)
     return as_source, as_need
+
+
+def swap_wait_pairs(model: SimModel, life: Lifetimes) -> tuple[tuple[np.ndarray, np.ndarray],
+                                                                tuple[np.ndarray, np.ndarray]]:
+    """Where compute waits for the swap-in of each swapped map, as (maps, boundaries) in map
+    order: first where a recompute reads it as a source (the wait comes before the recompute,
+    also where the op there needs the map itself too), then where only an op needs it (after
+    any recompute there)."""
+    own_map, own_b, own_key = per_search(model, "own_waits", lambda: _own_needs(model))
+    swapped = life.codes == SWAP
+    read = np.asarray(sorted((s, b) for s, points in life.sources.items() if swapped[s]
+                             for b in points), np.int64).reshape(-1, 2)
+    by_op = swapped[own_map]
+    if len(read):               # an op's need where the map is read as a source waits there
+        key = read[:, 0] * (model.n + 2) + read[:, 1]
+        at = np.minimum(np.searchsorted(own_key, key), len(own_key) - 1)
+        by_op[at[own_key[at] == key]] = False
+    return (read[:, 0], read[:, 1]), (own_map[by_op], own_b[by_op])
+
+
+def _own_needs(model: SimModel) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each map's own backward needs (map, boundary), by map then boundary; a key of each."""
+    needs = [sorted(set(b)) for b in model.bwd_need]
+    own_map = np.asarray([i for i, b in enumerate(needs) for _ in b], np.int64)
+    own_b = np.asarray([k for b in needs for k in b], np.int64)
+    return own_map, own_b, own_map * (model.n + 2) + own_b
 
 
 def static_top(model: SimModel, life: Lifetimes, minimal: bool,
@@ -367,8 +382,7 @@ def static_top(model: SimModel, life: Lifetimes, minimal: bool,
     np.add.at(diff, hole_start, -nb[hole])
     np.add.at(diff, hole_end, nb[hole])
     level = levels_from_changes(model.base_level, diff)
-    return level, tops(level, model.peak_inc if peak_inc is None else peak_inc,
-                       recompute_extra(model, life))
+    return level, tops(level, model.peak_inc if peak_inc is None else peak_inc, life.extra)
 
 
 def swap_in_targets(model: SimModel, timing: str, order: list[int], first: np.ndarray) -> dict:
@@ -409,12 +423,6 @@ def swap_in_bound(t: float, queue: list[int], so_done: list[float], si_s: list[f
         done = max(done, so_done[i]) + si_s[i]
         bound = max(bound, done + to_come[first[i]])
     return bound
-
-
-def recompute_extra(model: SimModel, life: Lifetimes) -> np.ndarray:
-    """(n+1,) the most a recompute chain run at each boundary holds beyond its map (made
-    with the lifetimes, whose recompute set it depends on alone)."""
-    return life.extra
 
 
 def host_level(model: SimModel, codes: np.ndarray) -> np.ndarray:
