@@ -48,7 +48,7 @@ setup(
     # Chainer and CuPy at run time) but installs as pooch_ext.hooks.
     package_dir={"pooch_ext.hooks": "hooks"},
     # compiled on first use (pooch_ext/cbuild.py): the CPU device's counting NumPy allocator
-    # (hooks/cpu_memory.py) and the simulator's walk (pooch_ext/sim/fastwalk.py)
+    # (hooks/cpu_memory.py) and the simulator's hot loops (pooch_ext/sim/clib.py)
     package_data={"pooch_ext.hooks": ["cpu_memory.c"], "pooch_ext.sim": ["walk.c"]},
     install_requires=[
         "chainer==7.8.1",

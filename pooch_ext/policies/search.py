@@ -26,8 +26,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from pooch_ext.sim.clib import library
 from pooch_ext.sim.memory import occupy
-from pooch_ext.sim.model import KEEP, SWAP, SimModel, lifetimes, static_top
+from pooch_ext.sim.lifetimes import lifetimes, static_top
+from pooch_ext.sim.model import KEEP, SWAP, SimModel
 from pooch_ext.sim.budgets import tightest_codes
 from pooch_ext.sim.engine import EPS, run
 from pooch_ext.sim.timeline import RunResult
@@ -107,6 +109,10 @@ class KeepRoom:
         self.hi = life.first
         self.nbytes = model.nbytes
         self.budget = budget
+        # walk.c's fill takes a budget in int64 (not an unlimited one); what it reads, made
+        # when first asked: lo, hi and nbytes contiguous, and their addresses
+        self._c_budget = budget if isinstance(budget, (int, np.integer)) and budget < 2**62 else None
+        self._c: tuple[list[np.ndarray], list[int]] | None = None
 
     def fits_keep(self, top: np.ndarray, i: int) -> bool:
         a, z = self.lo[i], self.hi[i]
@@ -118,9 +124,24 @@ class KeepRoom:
         return out
 
     def fill(self, top: np.ndarray, candidates: list[int]) -> list[int]:
-        """The candidates (in the order given) that fit one after another from ``top``.
+        """The candidates (in the order given) that fit one after another from ``top``: in
+        walk.c where it loads (sim/clib.py), else in NumPy (``_fill_numpy``)."""
+        lib = library()
+        if lib is None or not candidates or self._c_budget is None:
+            return self._fill_numpy(top, candidates)
+        if self._c is None:
+            arrays = [np.ascontiguousarray(a, np.int64) for a in (self.lo, self.hi, self.nbytes)]
+            self._c = arrays, [a.ctypes.data for a in arrays]
+        order = np.asarray(candidates, np.int64)
+        work = np.empty(len(top) + len(order), np.int64)    # top, then the maps kept
+        work[:len(top)] = top
+        at = work.ctypes.data
+        count = lib.fill(len(order), order.ctypes.data, *self._c[1], int(self._c_budget), at,
+                         at + 8 * len(top))
+        return work[len(top):len(top) + count].tolist()
 
-        Keeping only raises ``top``, so a candidate that does not fit at the start never
+    def _fill_numpy(self, top: np.ndarray, candidates: list[int]) -> list[int]:
+        """Keeping only raises ``top``, so a candidate that does not fit at the start never
         will: one vectorized test (the highest point of every hole at once) rules those out,
         and only the rest are walked one by one (most candidates of a full memory fail)."""
         if not candidates:

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from pooch_ext.sim.model import (KEEP, RECOMPUTE, SWAP, Lifetimes, SimModel, lifetimes,
-                                swap_waits)
+from pooch_ext.sim.lifetimes import Lifetimes, lifetimes, swap_waits
+from pooch_ext.sim.model import KEEP, RECOMPUTE, SWAP, SimModel
 from pooch_ext.sim.engine import EPS  # the same tolerance, or the times would differ
 
 

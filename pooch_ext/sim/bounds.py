@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from pooch_ext.sim.model import RECOMPUTE, SWAP, SimModel, lifetimes, per_search
+from pooch_ext.sim.lifetimes import lifetimes
+from pooch_ext.sim.model import RECOMPUTE, SWAP, SimModel, per_search
 
 
 def in_core_time(model: SimModel) -> float:

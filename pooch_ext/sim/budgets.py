@@ -11,8 +11,8 @@ import numpy as np
 
 from pooch_ext.errors import BudgetTooSmallError, HostBudgetTooSmallError
 from pooch_ext.profile import Profile
-from pooch_ext.sim.model import (KEEP, RECOMPUTE, SWAP, SimModel, compile_profile, host_peak,
-                                lifetimes, static_top)
+from pooch_ext.sim.lifetimes import lifetimes, static_top
+from pooch_ext.sim.model import KEEP, RECOMPUTE, SWAP, SimModel, compile_profile, host_peak
 from pooch_ext.units import parse_bytes
 
 

@@ -22,7 +22,7 @@ boundary each action happens, from its predicted times:
 
 Memory of an op b is the level at boundary b plus the op's internal peak (its outputs,
 gradients and scratch, from the profile's events); the plan fits when that never exceeds the
-budget. Feasibility depends only on the classes (model.static_top): the dynamic choices
+budget. Feasibility depends only on the classes (lifetimes.static_top): the dynamic choices
 always have a tightest fallback (sim/budgets.py answers without simulating; sim/timeline.py
 turns a recorded run into the Timeline and the schedule). Host memory (model.host_level)
 too: a swapped map holds its bytes on the host from its swap-out to the iteration's end; a
@@ -44,10 +44,10 @@ from pooch_ext.report.classtable import plan_table
 from pooch_ext.sim.budgets import resolve_budget, resolve_host_budget
 from pooch_ext.sim import fastwalk
 from pooch_ext.sim.configs import applied, choose
-from pooch_ext.sim.model import (RECOMPUTE, SWAP, Lifetimes, SimModel, codes_of, compile_profile,
-                                compute_to_come, host_level, host_peak, lifetimes, per_search,
-                                static_top, swap_in_bound, swap_in_targets,
-                                swap_waits)
+from pooch_ext.sim.lifetimes import Lifetimes, lifetimes, static_top, swap_waits
+from pooch_ext.sim.model import (RECOMPUTE, SWAP, SimModel, codes_of, compile_profile,
+                                 compute_to_come, host_level, host_peak, per_search,
+                                 swap_in_bound, swap_in_targets)
 from pooch_ext.sim.timeline import Recorder, RunResult, Timeline, build_timeline
 
 EPS = 1e-12

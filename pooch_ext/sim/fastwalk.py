@@ -6,27 +6,22 @@ takes the same steps in the same order with the same double arithmetic, built wi
 floating-point contraction, so a run's results are equal bit for bit and every plan the
 searches choose is the same (tests/test_fastwalk.py compares the two on random plans,
 budgets and cutoffs). It serves timing "early" unrecorded, which is what the searches
-run; recordings, the other timings and vDNN walk in Python, as does everything where no C
-compiler is found (``failure`` says why). ``POOCH_PYTHON_WALK=1`` turns it off.
+run; recordings, the other timings and vDNN walk in Python, as does everything where
+walk.c cannot be loaded (sim/clib.py says why) or ``POOCH_PYTHON_WALK=1`` is set.
 """
 from __future__ import annotations
 
 import ctypes
-import os
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from pooch_ext.cbuild import BUILD_ERRORS, compiled, failure as build_failure
-from pooch_ext.sim.model import RECOMPUTE, SWAP, per_search, swap_wait_pairs
+from pooch_ext.sim.clib import library
+from pooch_ext.sim.lifetimes import swap_wait_pairs
+from pooch_ext.sim.model import RECOMPUTE, SWAP, per_search
 
 if TYPE_CHECKING:
     from pooch_ext.sim.engine import _Run
-
-SOURCE = Path(__file__).with_name("walk.c")
-_loaded: list[Any] = []       # [the library or None] once tried
-failure = ""                  # why it could not be built, if it could not
 
 _P = ctypes.c_void_p
 _I = ctypes.c_int64
@@ -54,22 +49,6 @@ class _Walk(ctypes.Structure):
                 ("ov_top", _I), ("error_i", _I)]
 
 
-def library() -> Any:
-    """walk.c built and loaded, or None (no compiler here, or turned off)."""
-    global failure
-    if os.environ.get("POOCH_PYTHON_WALK") == "1":
-        return None
-    if not _loaded:
-        lib = None
-        try:
-            lib = ctypes.CDLL(str(compiled(SOURCE, "pooch_walk", ".so", ["-ffp-contract=off"])))
-            lib.walk.argtypes, lib.walk.restype = [ctypes.POINTER(_Walk)], ctypes.c_int
-        except BUILD_ERRORS as error:
-            failure = build_failure(error)
-        _loaded.append(lib)
-    return _loaded[0]
-
-
 def serves(run: "_Run") -> bool:
     """Whether the C walk takes ``run`` (else it walks in Python)."""
     return run.rec is None and run.timing == "early" and library() is not None
@@ -84,7 +63,7 @@ def _grouped(boundaries: np.ndarray, maps: np.ndarray, n: int) -> list[np.ndarra
 
 
 def _wait_groups(run: "_Run", life: Any) -> list[np.ndarray]:
-    """model.swap_wait_pairs grouped by boundary: where a recompute reads a swapped map as a
+    """lifetimes.swap_wait_pairs grouped by boundary: where a recompute reads a swapped map as a
     source, then where only an op needs it ([offsets, maps] each)."""
     (read_maps, read_b), (op_maps, op_b) = swap_wait_pairs(run.model, life)
     return _grouped(read_b, read_maps, run.n) + _grouped(op_b, op_maps, run.n)
@@ -159,7 +138,7 @@ def walk(run: "_Run") -> None:
     flags[:] = 0
     state.top, state.budget, state.unlimited = run.top.ctypes.data, run.budget, run.unlimited
     state.n_queue, state.cutoff = len(queue), run.cutoff
-    error = library().walk(ctypes.byref(state))
+    error = library().walk(ctypes.addressof(state))
     if error:
         i = int(state.error_i)
         raise ValueError(f"swap-out of tensor {int(run.model.tensor[i])} never completes "

@@ -7,13 +7,8 @@ producer, last forward use, backward needs, swap and recompute costs, and the ex
 its recompute chain needs while it runs.
 
 Memory: the rule is sim/memory.py's. ``base_level[b]`` is the level at boundary b with all
-feature maps still alive; the class-dependent lifetimes are subtracted from it.
-
-``Lifetimes`` is the static half of a plan: for given classes, where each map is needed in
-backward, where recompute runs, and when each map is dropped for good. Feasibility under a
-budget follows from it alone (``static_top`` with ``minimal``), since every dynamic choice
-of the simulator (when a swap-out is released, when a swap-in starts) can fall back to the
-tightest one.
+feature maps still alive; the class-dependent lifetimes (sim/lifetimes.py) are subtracted
+from it.
 """
 from __future__ import annotations
 
@@ -22,14 +17,17 @@ import pickle
 from collections import OrderedDict
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import numpy as np
 
 from pooch_ext.links import Link, get_link
 from pooch_ext.profile import Profile
 from pooch_ext.sim.configs import OpConfigs, compile_configs, smallest
-from pooch_ext.sim.memory import base_profile_levels, levels_from_changes, tops
+from pooch_ext.sim.memory import base_profile_levels
+
+if TYPE_CHECKING:
+    from pooch_ext.sim.lifetimes import Lifetimes
 
 KEEP, SWAP, RECOMPUTE = 0, 1, 2
 CODE = {"keep": KEEP, "swap": SWAP, "recompute": RECOMPUTE}
@@ -211,95 +209,6 @@ def _chain_extra(op_io: tuple[dict, ...], tbytes: dict[int, int], chain: list[in
     return max(0, peak - int(tbytes[target]))
 
 
-@dataclass
-class Lifetimes:
-    """The static part of a classification: needs, recompute points, final drops."""
-
-    codes: np.ndarray           # (m,) KEEP / SWAP / RECOMPUTE
-    sources: dict[int, tuple[int, ...]]   # map -> recompute points that read it as a source
-                                          # (its other needs: the model's bwd_need)
-    first: np.ndarray           # (m,) first backward need
-    end: np.ndarray             # (m,) boundary where it is dropped for good
-    rc_point: np.ndarray        # (m,) boundary where a recompute-class map is rebuilt, else -1
-    extra: np.ndarray           # (n+1,) most a recompute chain run there holds beyond its map
-
-
-# a search's lifetimes kept by recompute set (``lifetimes``); enough for a refinement's
-# distinct sets on the paper's networks (1-3 thousand), bounded for deep ones. What is kept
-# is arrays, ints and tuples (one dict per set): a list per grown need, kept as many times,
-# made the garbage collector's full collections cost 10% of ResNet-50's search
-REBUILT_MEMO = 4096
-
-
-def lifetimes(model: SimModel, codes: np.ndarray) -> Lifetimes:
-    """Needs including recompute sources: recomputing Y at its first need reads its sources
-    (``sources``), so they live until then. Everything but ``codes`` depends on the
-    recompute set alone, so within ``search_memo`` it is made once per set (a search tries
-    many keep / swap changes on one set) and shared, read-only, as is the last answer."""
-    key, memo = codes.tobytes(), model.memo
-    if memo is not None and memo.get("lifetimes", (None,))[0] == key:
-        return memo["lifetimes"][1]
-    rebuilt = codes == RECOMPUTE
-    by_set = per_search(model, "rebuilt", dict)     # outside a search: a throwaway dict
-    set_key = rebuilt.tobytes()
-    parts = by_set.get(set_key)
-    if parts is None:
-        parts = _rebuilt_parts(model, np.flatnonzero(rebuilt))
-        if len(by_set) >= REBUILT_MEMO:
-            by_set.pop(next(iter(by_set)))      # the oldest
-        by_set[set_key] = parts
-    frozen = codes.copy()
-    frozen.flags.writeable = False
-    life = Lifetimes(frozen, *parts)
-    if memo is not None:
-        memo["lifetimes"] = (key, life)
-    return life
-
-
-def _rebuilt_parts(model: SimModel, rebuilt: np.ndarray) -> tuple:
-    """``Lifetimes``' fields after ``codes`` for the recompute set ``rebuilt`` (indices),
-    read-only."""
-    first0, end0 = per_search(model, "needs_as_lists", lambda: (model.bwd_first.tolist(),
-                                                               model.bwd_end.tolist()))
-    # only the maps a recompute touches change: kept aside, then written over the model's
-    points: dict[int, int] = {}
-    read_at: dict[int, list[int]] = {}      # source -> the points that read it
-    src_fm = model.src_fm
-    for i in rebuilt[::-1].tolist():        # descendants first (sources have smaller ids),
-        point = first0[i]                   # so every point that reads i is known by now
-        for read in read_at.get(i, ()):
-            if read < point:
-                point = read
-        points[i] = point
-        for s in src_fm[i]:
-            read_at.setdefault(s, []).append(point)
-    lowered: dict[int, int] = {}
-    ended: dict[int, int] = {}
-    sources: dict[int, tuple[int, ...]] = {}
-    for s, at in read_at.items():
-        if len(at) == 1:                    # most sources: one reader
-            lo = hi = at[0]
-            sources[s] = (lo,)
-        else:
-            lo, hi = min(at), max(at)
-            sources[s] = tuple(set(at))
-        if lo < first0[s]:
-            lowered[s] = lo
-        if hi >= end0[s]:
-            ended[s] = hi + 1
-    first, end = model.bwd_first.copy(), model.bwd_end.copy()
-    rc_point = np.full(model.m, -1, np.int64)
-    for array, changes in ((first, lowered), (end, ended), (rc_point, points)):
-        if changes:
-            array[list(changes)] = list(changes.values())
-    extra = np.zeros(model.n + 1, np.int64)
-    if len(rebuilt):
-        run_at = rc_point[rebuilt]
-        np.maximum.at(extra, run_at, model.rc_extra[rebuilt] + model.between[run_at])
-    for array in (first, end, rc_point, extra):
-        array.flags.writeable = False
-    return sources, first, end, rc_point, extra
-
 
 @contextmanager
 def search_memo(model: SimModel) -> Iterator[None]:
@@ -326,63 +235,6 @@ def per_search(model: SimModel, key: str, make: Callable[[], Any]) -> Any:
         model.memo[key] = make()
     return model.memo[key]
 
-
-def swap_waits(model: SimModel, life: Lifetimes) -> tuple[dict[int, list[int]], dict]:
-    """``swap_wait_pairs`` as {boundary: maps}, each list in map order (the Python walk's)."""
-    as_source: dict[int, list[int]] = {}
-    as_need: dict[int, list[int]] = {}
-    for at, (maps, boundaries) in zip((as_source, as_need), swap_wait_pairs(model, life)):
-        for i, b in zip(maps.tolist(), boundaries.tolist()):
-            at.setdefault(b, []).append(i)
-    return as_source, as_need
-
-
-def swap_wait_pairs(model: SimModel, life: Lifetimes) -> tuple[tuple[np.ndarray, np.ndarray],
-                                                                tuple[np.ndarray, np.ndarray]]:
-    """Where compute waits for the swap-in of each swapped map, as (maps, boundaries) in map
-    order: first where a recompute reads it as a source (the wait comes before the recompute,
-    also where the op there needs the map itself too), then where only an op needs it (after
-    any recompute there)."""
-    own_map, own_b, own_key = per_search(model, "own_waits", lambda: _own_needs(model))
-    swapped = life.codes == SWAP
-    read = np.asarray(sorted((s, b) for s, points in life.sources.items() if swapped[s]
-                             for b in points), np.int64).reshape(-1, 2)
-    by_op = swapped[own_map]
-    if len(read):               # an op's need where the map is read as a source waits there
-        key = read[:, 0] * (model.n + 2) + read[:, 1]
-        at = np.minimum(np.searchsorted(own_key, key), len(own_key) - 1)
-        by_op[at[own_key[at] == key]] = False
-    return (read[:, 0], read[:, 1]), (own_map[by_op], own_b[by_op])
-
-
-def _own_needs(model: SimModel) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Each map's own backward needs (map, boundary), by map then boundary; a key of each."""
-    needs = [sorted(set(b)) for b in model.bwd_need]
-    own_map = np.asarray([i for i, b in enumerate(needs) for _ in b], np.int64)
-    own_b = np.asarray([k for b in needs for k in b], np.int64)
-    return own_map, own_b, own_map * (model.n + 2) + own_b
-
-
-def static_top(model: SimModel, life: Lifetimes, minimal: bool,
-               peak_inc: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """(level, top) per boundary from the static lifetimes; top = level + peak inside the op
-    (``peak_inc``: each op's, default the model's, its smallest configuration's).
-
-    ``minimal``: swapped maps are absent from the boundary after their last forward use until
-    their first backward need (the tightest any schedule can do); otherwise they are counted
-    alive until their final drop (the simulator then subtracts releases and adds swap-ins).
-    """
-    n = model.n
-    diff = np.zeros(n + 2, np.int64)
-    codes, nb = life.codes, model.nbytes
-    np.add.at(diff, life.end, -nb)
-    hole = (codes == RECOMPUTE) | ((codes == SWAP) & minimal)
-    hole_start = model.last_fwd[hole] + 1
-    hole_end = np.where(codes[hole] == RECOMPUTE, life.rc_point[hole], life.first[hole])
-    np.add.at(diff, hole_start, -nb[hole])
-    np.add.at(diff, hole_end, nb[hole])
-    level = levels_from_changes(model.base_level, diff)
-    return level, tops(level, model.peak_inc if peak_inc is None else peak_inc, life.extra)
 
 
 def swap_in_targets(model: SimModel, timing: str, order: list[int], first: np.ndarray) -> dict:

@@ -236,3 +236,74 @@ int walk(Walk *w) {
     if (n_fwd >= n) w->forward_end = w->t;
     return 0;
 }
+
+/* The recompute set's part of a plan's lifetimes (sim/lifetimes.py, _rebuilt_parts): the
+ * same rule as the Python reference there. ``rebuilt`` ascends; each map is visited after
+ * every map that reads it (sources have smaller ids), so its point, the earliest boundary
+ * any reader or its own first need wants it, is known when it is visited. ``first``, ``end``
+ * (the model's, copied), ``rc_point`` (-1), ``min_read`` (INT64_MAX) and ``extra`` (0) come
+ * initialized; ``keys`` receives source * stride + point per read. Returns the reads. */
+int64_t rebuilt_parts(int64_t n_rebuilt, const int64_t *rebuilt, const int64_t *src_ptr,
+                      const int64_t *src_idx, const int64_t *first0, const int64_t *rc_extra,
+                      const int64_t *between, int64_t stride, int64_t *first, int64_t *end,
+                      int64_t *rc_point, int64_t *min_read, int64_t *extra, int64_t *keys) {
+    int64_t k = 0;
+    for (int64_t r = n_rebuilt - 1; r >= 0; r--) {
+        int64_t i = rebuilt[r];
+        int64_t point = first0[i] < min_read[i] ? first0[i] : min_read[i];
+        rc_point[i] = point;
+        int64_t held = rc_extra[i] + between[point];
+        if (held > extra[point]) extra[point] = held;
+        for (int64_t e = src_ptr[i]; e < src_ptr[i + 1]; e++) {
+            int64_t s = src_idx[e];
+            if (point < min_read[s]) min_read[s] = point;
+            if (point < first[s]) first[s] = point;
+            if (point + 1 > end[s]) end[s] = point + 1;
+            keys[k++] = s * stride + point;
+        }
+    }
+    return k;
+}
+
+/* A plan's static memory (sim/lifetimes.py, static_top; the rule is sim/memory.py's): each
+ * map is held from its producer to its final drop ``end``, less its hole where it has one
+ * (``hole[i]``: recompute, or swap where ``minimal``) from past its last forward use to its
+ * rebuild or first need. ``diff`` (n + 2) comes zeroed; writes level and top (n + 1). */
+void static_top(int64_t n, int64_t m, const int64_t *codes, const int64_t *first,
+                const int64_t *end, const int64_t *rc_point, const int64_t *extra,
+                const int64_t *last_fwd, const int64_t *nbytes, const int64_t *base_level,
+                const int64_t *peak_inc, int64_t minimal, int64_t *diff, int64_t *level,
+                int64_t *top) {
+    for (int64_t i = 0; i < m; i++) {
+        int64_t nb = nbytes[i];
+        diff[end[i]] -= nb;
+        if (codes[i] == 2 || (codes[i] == 1 && minimal)) {
+            diff[last_fwd[i] + 1] -= nb;
+            diff[codes[i] == 2 ? rc_point[i] : first[i]] += nb;
+        }
+    }
+    int64_t held = 0;
+    for (int64_t b = 0; b <= n; b++) {
+        held += diff[b];
+        level[b] = base_level[b] + held;
+        top[b] = level[b] + (peak_inc[b] > extra[b] ? peak_inc[b] : extra[b]);
+    }
+}
+
+/* KeepRoom.fill (policies/search.py): the candidates, in order, that fit one after another:
+ * a map kept fills its hole [lo, hi) of ``top`` (updated in place) with its bytes, if the
+ * hole's highest point has room for them under ``budget``. Returns how many are kept. */
+int64_t fill(int64_t n_cand, const int64_t *cand, const int64_t *lo, const int64_t *hi,
+             const int64_t *nbytes, int64_t budget, int64_t *top, int64_t *kept) {
+    int64_t k = 0;
+    for (int64_t c = 0; c < n_cand; c++) {
+        int64_t i = cand[c], a = lo[i], z = hi[i], nb = nbytes[i], fits = 1;
+        for (int64_t b = a; b < z && fits; b++)
+            fits = top[b] + nb <= budget;
+        if (!fits) continue;
+        for (int64_t b = a; b < z; b++)
+            top[b] += nb;
+        kept[k++] = i;
+    }
+    return k;
+}
