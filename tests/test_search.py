@@ -142,3 +142,19 @@ def test_a_search_memo_answers_as_a_fresh_simulation_does(seed):
         assert (a.time_s, a.feasible, a.peak_bytes) == (b.time_s, b.feasible, b.peak_bytes)
         for key, value in a.trace.items():
             assert repr(value) == repr(b.trace[key]), key
+
+
+def test_the_refinements_quick_floor_test_prunes_only_what_the_exact_test_prunes():
+    """refine._surely_below decides on a compute floor summed in another order (from the
+    base's): wherever it prunes, the exact floor, within 1e-11 of it, is pruned too."""
+    from pooch_ext.policies.refine import _below, _surely_below
+    rng = np.random.default_rng(0)
+    decided = 0
+    for _ in range(20000):
+        best = float(rng.uniform(0.01, 10))
+        approximate = best * float(1 + rng.normal(0, 1e-9))
+        if _surely_below(approximate, best):
+            decided += 1
+            for exact in (approximate * (1 - 1e-11), approximate * (1 + 1e-11)):
+                assert _below(exact, best)
+    assert 0 < decided < 20000

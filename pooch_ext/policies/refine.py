@@ -19,7 +19,7 @@ import numpy as np
 
 from pooch_ext.policies.search import (Evaluator, KeepRoom, SearchStats, keep_candidates,
                                        simulation_cost)
-from pooch_ext.sim.bounds import compute_floor, in_core_time, link_bound
+from pooch_ext.sim.bounds import compute_floor, floor_shares, in_core_time, link_bound
 from pooch_ext.sim.budgets import fits
 from pooch_ext.sim.memory import occupy
 from pooch_ext.sim.model import KEEP, RECOMPUTE, SWAP, SimModel, per_search
@@ -67,6 +67,7 @@ def refine(model: SimModel, codes: np.ndarray, budget: int, max_simulations: int
         phases.append("any two")      # built only if reached
     tried: set[bytes] = set()   # a trial that did not win once never will: best only falls
     allowed = model.can.tolist()
+    shares = floor_shares(model)
     for phase in phases:
         if best_time <= floor or ev.stats.simulations - first_simulation >= limit:
             break
@@ -76,7 +77,7 @@ def refine(model: SimModel, codes: np.ndarray, budget: int, max_simulations: int
         while since < len(slots) and best_time > floor:
             if ev.stats.simulations - first_simulation >= limit:
                 break
-            trial = _apply(model, base, slots[pos])
+            trial = _trial(model, base, slots[pos], shares, best_time, stats)
             pos, since = (pos + 1) % len(slots), since + 1
             if trial is None or (key := trial.tobytes()) in tried:
                 continue
@@ -152,6 +153,7 @@ class _Base:
         # out by a class or two, and NumPy scalars one at a time cost more than the test
         self.classes: list[int] = codes.tolist()
         self.allowed = allowed
+        self.floor = compute_floor(model, codes)
 
     def room(self) -> KeepRoom:
         if self._room is None:
@@ -162,36 +164,56 @@ class _Base:
 _FLIPPED = {SWAP: RECOMPUTE, RECOMPUTE: SWAP}
 
 
-def _apply(model: SimModel, base: _Base, move: tuple) -> np.ndarray | None:
-    """The classes after ``move`` from ``base.codes``, or None where it does not apply."""
-    kind, codes, classes, allowed = move[0], base.codes, base.classes, base.allowed
-    if kind == "flip":
+def _trial(model: SimModel, base: _Base, move: tuple, shares: list[list[float]],
+           best_time: float, stats: SearchStats) -> np.ndarray | None:
+    """The classes after ``move`` from ``base.codes``; None where it does not apply, or where
+    it moves a map or three and its compute floor, summed from the base's before any array
+    is made, settles beyond rounding that it cannot beat ``best_time`` (counted as pruned)."""
+    if move[0] == "demote":
+        return _demote(model, base, move[1], move[2])
+    changes = _changes(base, move)
+    if changes is None:
+        return None
+    if _surely_below(base.floor + sum(shares[j][c] - shares[j][base.classes[j]]
+                                      for j, c in changes), best_time):
+        stats.refine_pruned += 1
+        return None
+    trial = base.codes.copy()
+    for j, c in changes:
+        trial[j] = c
+    return trial
+
+
+def _changes(base: _Base, move: tuple) -> list[tuple[int, int]] | None:
+    """The (map, class) changes a flip or group move makes from ``base``, or None where it
+    does not apply."""
+    classes, allowed = base.classes, base.allowed
+    if move[0] == "flip":
         i = move[1]
         new = _FLIPPED.get(classes[i])
         if new is None or not allowed[i][new]:
             return None
-        trial = codes.copy()
-        trial[i] = new
-        return trial
-    if kind == "demote":
-        i, new = move[1], move[2]
-        if classes[i] != KEEP or not allowed[i][new]:
-            return None
-        trial = codes.copy()
-        trial[i] = new
-        if new == SWAP:
-            room = base.room()
-            top = room.top.copy()
-            occupy(top, room.lo[i], room.hi[i], -int(model.nbytes[i]))
-            return _refill(model, trial, i, room, top)
-        room = KeepRoom(model, trial, base.budget)
-        return _refill(model, trial, i, room, room.top)
+        return [(i, new)]
     group, combo = move[1], move[2]
     if any(classes[j] == c or not allowed[j][c] for j, c in zip(group, combo)):
         return None
-    trial = codes.copy()
-    trial[list(group)] = combo
-    return trial
+    return list(zip(group, combo))
+
+
+def _demote(model: SimModel, base: _Base, i: int, new: int) -> np.ndarray | None:
+    """A kept map ``i`` to class ``new``, then the memory refilled; None where it does not
+    apply."""
+    if base.classes[i] != KEEP or not base.allowed[i][new]:
+        return None
+    trial = base.codes.copy()
+    trial[i] = new
+    if new == SWAP:
+        room = base.room()
+        top = room.top.copy()
+        occupy(top, room.lo[i], room.hi[i], -int(model.nbytes[i]))
+        return _refill(model, trial, i, room, top)
+    room = KeepRoom(model, trial, base.budget)
+    return _refill(model, trial, i, room, room.top)
 
 
 @dataclass
@@ -265,6 +287,12 @@ def _refill(model: SimModel, codes: np.ndarray, exclude: int, room: KeepRoom,
     codes = codes.copy()
     codes[room.fill(top, [i for i in keep_candidates(model, codes) if i != exclude])] = KEEP
     return codes
+
+
+def _surely_below(approximate: float, best_time: float) -> bool:
+    """``_below`` of a bound known to within 1e-11 of itself (summed in another order), where
+    that settles it: a trial that passes is tested again on its exact bound."""
+    return approximate * (1 - 1e-10) >= best_time * (1 - 1e-9)
 
 
 def _below(bound: float, best_time: float) -> bool:

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from pooch_ext.sim.clib import library
+from pooch_ext.sim.clib import for_model
 from pooch_ext.sim.memory import occupy
 from pooch_ext.sim.lifetimes import lifetimes, static_top
 from pooch_ext.sim.model import KEEP, SWAP, SimModel
@@ -105,6 +105,7 @@ class KeepRoom:
     def __init__(self, model: SimModel, codes: np.ndarray, budget: int) -> None:
         life = lifetimes(model, codes)
         _, self.top = static_top(model, life, minimal=True)
+        self.model = model
         self.lo = model.last_fwd + 1
         self.hi = life.first
         self.nbytes = model.nbytes
@@ -126,7 +127,7 @@ class KeepRoom:
     def fill(self, top: np.ndarray, candidates: list[int]) -> list[int]:
         """The candidates (in the order given) that fit one after another from ``top``: in
         walk.c where it loads (sim/clib.py), else in NumPy (``_fill_numpy``)."""
-        lib = library()
+        lib = for_model(self.model)
         if lib is None or not candidates or self._c_budget is None:
             return self._fill_numpy(top, candidates)
         if self._c is None:

@@ -32,6 +32,13 @@ def compute_floor(model: SimModel, codes: np.ndarray) -> float:
     return ops + float(share[offsets + codes].sum())
 
 
+def floor_shares(model: SimModel) -> list[list[float]]:
+    """Each map's terms of ``compute_floor`` per class, as lists (made once per search): the
+    refinement's quick floor of a move that changes a map or three, from its base's."""
+    return per_search(model, "compute_floor shares",
+                      lambda: _floor_arrays(model)[1].reshape(-1, 3).tolist())
+
+
 def _floor_arrays(model: SimModel) -> tuple[float, np.ndarray, np.ndarray]:
     """(every op's seconds, each map's extra compute-engine seconds per class flattened
     as map x class, each map's offset in it), made once per search."""

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from pooch_ext.cbuild import BUILD_ERRORS, compiled, failure as build_failure
+from pooch_ext.sim.model import SimModel, per_search
 
 SOURCE = Path(__file__).with_name("walk.c")
 _loaded: list[Any] = []       # [the library or None] once tried
@@ -39,3 +40,9 @@ def library() -> Any:
             failure = build_failure(error)
         _loaded.append(lib)
     return _loaded[0]
+
+
+def for_model(model: SimModel) -> Any:
+    """``library()``, asked once per search (``per_search``): the searches call into walk.c
+    tens of thousands of times, and reading the environment each time cost 2% of one."""
+    return per_search(model, "walk.c", library)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from pooch_ext.sim.clib import library
+from pooch_ext.sim.clib import for_model
 from pooch_ext.sim.lifetimes import swap_wait_pairs
 from pooch_ext.sim.model import RECOMPUTE, SWAP, per_search
 
@@ -51,7 +51,7 @@ class _Walk(ctypes.Structure):
 
 def serves(run: "_Run") -> bool:
     """Whether the C walk takes ``run`` (else it walks in Python)."""
-    return run.rec is None and run.timing == "early" and library() is not None
+    return run.rec is None and run.timing == "early" and for_model(run.model) is not None
 
 
 def _grouped(boundaries: np.ndarray, maps: np.ndarray, n: int) -> list[np.ndarray]:
@@ -138,7 +138,7 @@ def walk(run: "_Run") -> None:
     flags[:] = 0
     state.top, state.budget, state.unlimited = run.top.ctypes.data, run.budget, run.unlimited
     state.n_queue, state.cutoff = len(queue), run.cutoff
-    error = library().walk(ctypes.addressof(state))
+    error = for_model(run.model).walk(ctypes.addressof(state))
     if error:
         i = int(state.error_i)
         raise ValueError(f"swap-out of tensor {int(run.model.tensor[i])} never completes "

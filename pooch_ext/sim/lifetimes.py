@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from pooch_ext.sim.clib import library
+from pooch_ext.sim.clib import for_model
 from pooch_ext.sim.memory import levels_from_changes, tops
 from pooch_ext.sim.model import RECOMPUTE, SWAP, SimModel, per_search
 
@@ -70,7 +70,7 @@ def lifetimes(model: SimModel, codes: np.ndarray) -> Lifetimes:
 def _rebuilt_parts(model: SimModel, rebuilt: np.ndarray) -> tuple:
     """``Lifetimes``' fields after ``codes`` for the recompute set ``rebuilt`` (indices,
     ascending), read-only: walk.c's where it loads, else the Python reference's."""
-    lib = library()
+    lib = for_model(model)
     parts = (_rebuilt_parts_python(model, rebuilt) if lib is None
              else _rebuilt_parts_c(lib, model, rebuilt))
     for array in parts[:-1]:
@@ -205,7 +205,7 @@ def static_top(model: SimModel, life: Lifetimes, minimal: bool,
     alive until their final drop (the simulator then subtracts releases and adds swap-ins).
     """
     peak_inc = model.peak_inc if peak_inc is None else peak_inc
-    lib = library()
+    lib = for_model(model)
     if lib is None:
         return _static_top_numpy(model, life, minimal, peak_inc)
     c: _CInputs = per_search(model, "rebuilt parts in C", lambda: _CInputs(model))
