@@ -86,6 +86,7 @@ class Executor(GraphRecorder):
         self.maps.restore_absent = self.on_demand.restore
         self._next_boundary = self._next_action = 0
         self.head_peak = self._head_functions = self._forward_only_peak = 0   # (peaks before)
+        self.kept_forward = False   # maps of a forward without backward the loop refers to
         self._pending_in_data: tuple | None = None
         self._input_bases: set[int] = set()
         self._lazy: list = []          # parameters not made yet (lazily initialised links)
@@ -284,7 +285,7 @@ class Executor(GraphRecorder):
 
     def on_forward_only(self, trace: GraphTrace) -> None:
         self._forward_only_peak = max(self._forward_only_peak, int(self.device.peak))
-        self.on_demand.restore_all()
+        self.kept_forward |= self.on_demand.restore_all() > 0   # (a skipped batch's graph)
         self.maps.discard_copies()
         if self.profiler is not None:
             self.profiler.forward_only_dropped()
@@ -438,8 +439,7 @@ class Executor(GraphRecorder):
             self.backward_done(trace)
 
     def on_iteration_end(self, trace: GraphTrace) -> None:
-        # what ran after the last op (later backward passes, the update, the loop's own code)
-        self.device.check(AFTER_LAST_OP)
+        self.device.check(AFTER_LAST_OP)    # later backward passes, the update, the loop
         self._drop_node_state(trace)
         if self.profiler is not None:
             self.profiler.iteration_ending()
@@ -450,8 +450,8 @@ class Executor(GraphRecorder):
         self.maps.discard_copies()
         self.maps.inputs_go()
         self.on_demand.candidates = []
-        self.stats.peak_bytes, self._forward_only_peak = max(int(self.device.peak),
-                                                             self._forward_only_peak), 0
+        self.stats.peak_bytes, self._forward_only_peak, self.kept_forward = max(
+            int(self.device.peak), self._forward_only_peak), 0, False
         self.history.append(self.stats)
         if self.profiler is not None:
             self.profiler.collect(trace)

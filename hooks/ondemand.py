@@ -121,11 +121,11 @@ class OnDemand:
                 self.executor.log_action("release", tensor, boundary)
         self.after_op = []
 
-    def restore_all(self, tensors: Any = None, copies_only: bool = False) -> None:
+    def restore_all(self, tensors: Any = None, copies_only: bool = False) -> int:
         """Bring back every map this iteration dropped whose graph is still referenced (only
         ``tensors`` when given; ``copies_only``: only those with a copy to come back from):
-        what remains of the iteration runs as plain Chainer would."""
-        maps = self.executor.maps
+        what remains of the iteration runs as plain Chainer would. Returns how many."""
+        maps, restored = self.executor.maps, 0
         for tensor, slot in list(maps.slots.items()):
             if tensors is not None and tensor not in tensors or \
                     copies_only and slot.state == "freed":
@@ -136,7 +136,9 @@ class OnDemand:
                 continue
             if maps.graph_refers(tensor):
                 self.restore(tensor)
+                restored += 1
         self.after_op = []
+        return restored
 
     def compact(self, n_tensors: int) -> None:
         """The first ``n_tensors`` tensors left the iteration: renumber the watched ones."""

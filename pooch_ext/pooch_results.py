@@ -64,13 +64,18 @@ class PoochResults:
 
     def overrun_cause(self, message: str) -> str:
         """Why the device held more than the budget (``message``: the device's), for the log:
-        code no plan covers, a graph run without its plan, or a plan's prediction short."""
+        code no plan covers, a skipped batch's graph brought back, a graph run without its
+        plan, or a plan's prediction short."""
         from pooch_ext.hooks.executor import AFTER_LAST_OP
 
         runtime = self.runtime
         if AFTER_LAST_OP in message:
             return ("what ran after the iteration's last op has no plan (the update, or the "
                     "loop's own code: an evaluation, the next batch)")
+        if runtime is not None and runtime.kept_forward:
+            return ("a forward pass the loop ran without backward (a skipped batch?) is still "
+                    "referenced, so what the plan took off the device of it came back, beside "
+                    "this iteration: drop the loss (del) before the next batch")
         if runtime is None or runtime.program is None or runtime.deviation or runtime.passive:
             return "this part of the iteration ran without a plan"
         return "the plan's prediction was short"

@@ -1687,3 +1687,41 @@ def test_hooks_entered_before_or_inside_the_block_are_handed_what_each_backward_
             reads = {"LinearFunction": [0, 1], "ReLU": [], "SoftmaxCrossEntropy": [0, 1]}[name]
             for k in reads if when == "pre" else ():
                 assert got[k] is not None and got[k] == want[k]
+
+
+def test_an_overrun_after_a_skipped_batch_names_the_skipped_batch_as_its_cause():
+    """A loop that skips a batch after its forward (``continue`` before ``backward()``) still
+    refers to that graph, so what the plan swapped of it comes back to the device beside the
+    next iteration (README: a known overrun). The log said "the plan's prediction was short",
+    which sent a user looking at the planner; it now names the skipped forward. Training
+    stays bit-identical."""
+    from pooch_ext.loop_styles import DATA
+
+    def skips(model, optimizer, data, drops: bool):
+        for k, (x, t) in enumerate(data):
+            loss = F.softmax_cross_entropy(model(x), t)
+            if k == 6:
+                if drops:           # the message's advice
+                    del loss
+                continue            # else the graph stays referenced through ``loss``
+            model.cleargrads()
+            loss.backward()
+            optimizer.update()
+
+    def train(budget, drops: bool = False):
+        model, optimizer = fresh("wide")
+        block = PoocH(model, device=CpuDevice(), verbose=False, budget=budget,
+                      profile_iters=3) if budget != "plain" else contextlib.nullcontext()
+        with block:
+            skips(model, optimizer, batches(9, **DATA["wide"]), drops)
+        return block, model_state(model, optimizer)
+    _, plain = train("plain")
+    roomy, _ = train(None)
+    budget = int(minimum_budget(roomy.profile) * 1.02)
+    pooch, state = train(budget)
+    assert states_equal(state, plain)
+    assert pooch.overruns, "the situation under test: the skipped graph comes back"
+    told = [m for m in pooch.messages if "over its budget" in m]
+    assert told and all("skipped" in m and "prediction was short" not in m for m in told), told
+    pooch, state = train(budget, drops=True)
+    assert states_equal(state, plain) and pooch.overruns == []
