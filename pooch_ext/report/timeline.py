@@ -1,9 +1,9 @@
 """Timeline figure: the paper's Figures 7, 10 and 11 as one picture.
 
 Top: a Gantt chart with three lanes, compute (forward, backward, recomputation), D2H
-(swap-outs) and H2D (swap-ins); compute stalls are red. Bottom: device memory while each op
-runs against the budget. Large networks have thousands of boxes, so each lane is one
-``broken_barh`` call.
+(swap-outs) and H2D (swap-ins); compute stalls (waiting for copies) are red, the runtime's
+host work issuing the actions gray. Bottom: device memory while each op runs against the
+budget. Large networks have thousands of boxes, so each lane is one ``broken_barh`` call.
 """
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ from pooch_ext.sim.timeline import Timeline  # noqa: E402
 from pooch_ext.units import binary_unit, format_bytes  # noqa: E402
 
 COLORS = {"forward": "#4c72b0", "backward": "#55a868", "update": "#8172b2",
-          "recompute": "#dd8452", "d2h": "#ccb974", "h2d": "#64b5cd", "stall": "#c44e52"}
+          "recompute": "#dd8452", "d2h": "#ccb974", "h2d": "#64b5cd", "stall": "#c44e52",
+          "runtime": "#8c8c8c"}
 LANES = ("compute", "D2H", "H2D")
 
 
@@ -47,6 +48,10 @@ def plot_timeline(timeline: Timeline, path: str | Path, title: str = "") -> Path
     stall_end = stalled.start_s - stalled.recompute_s
     gantt.broken_barh(_bars(stall_end - stalled.stall_s, stall_end), (y["compute"], 8),
                       facecolors=COLORS["stall"], hatch="///", edgecolor=COLORS["stall"])
+    busy = ops[ops.host_s > 0]       # the runtime issuing the boundary's actions, before
+    host_end = busy.start_s - busy.recompute_s - busy.stall_s
+    gantt.broken_barh(_bars(host_end - busy.host_s, host_end), (y["compute"], 8),
+                      facecolors=COLORS["runtime"])
     for direction, lane in (("d2h", "D2H"), ("h2d", "H2D")):
         sel = timeline.transfers[timeline.transfers.direction == direction]
         gantt.broken_barh(_bars(sel.start_s, sel.end_s), (y[lane], 8),
@@ -54,9 +59,10 @@ def plot_timeline(timeline: Timeline, path: str | Path, title: str = "") -> Path
     gantt.axvline(timeline.forward_end_s, color="gray", linestyle=":", linewidth=1)
     gantt.set_yticks([y[lane] + 4 for lane in LANES], LANES)
     gantt.set_ylim(-2, 30)
-    legend = [Patch(color=COLORS[k], label=k) for k in
-              ("forward", "backward", "recompute", "d2h", "h2d", "stall")]
-    gantt.legend(handles=legend, ncol=6, loc="lower center", bbox_to_anchor=(0.5, 1.0),
+    legend = [Patch(color=COLORS[k], label=k) for k in ("forward", "backward", "update",
+                                                        "recompute", "d2h", "h2d", "stall",
+                                                        "runtime")]
+    gantt.legend(handles=legend, ncol=8, loc="lower center", bbox_to_anchor=(0.5, 1.0),
                  fontsize=8, frameon=False)
     fig.suptitle(title or (f"iteration {timeline.iteration_time_s * 1e3:.1f} ms, "
                            f"stalls {timeline.total_stall_s * 1e3:.1f} ms, "

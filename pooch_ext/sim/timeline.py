@@ -45,7 +45,8 @@ class Timeline:
     budget_bytes: int
     link: str
     swap_in_timing: str
-    ops: pd.DataFrame           # op, phase, name, start_s, end_s, stall_s, recompute_s
+    ops: pd.DataFrame           # op, phase, name, start_s, end_s, stall_s (waiting for
+                                # copies), recompute_s, host_s (the runtime issuing actions)
     transfers: pd.DataFrame     # tensor, direction (d2h/h2d), boundary, start_s, end_s, bytes
     recomputes: pd.DataFrame    # tensor, boundary, start_s, end_s
     memory: pd.DataFrame        # boundary, time_s, bytes, peak_bytes
@@ -110,9 +111,14 @@ def build_timeline(model: SimModel, r: RunResult, budget: int, timing: str,
         np.add.at(rc_time, rc["boundary"].to_numpy()[inside],
                   (rc["end_s"] - rc["start_s"]).to_numpy()[inside])
     arrival = tr["arrival"][:n]
-    stall = np.maximum(0.0, start - arrival - rc_time)
+    host = _host_seconds(model, tr["actions"], n)
+    # what is left between arriving at a boundary and the op's start is waiting for copies
+    # (the runs' stall_d2h / stall_h2d, summed per op), up to rounding
+    stall = start - arrival - rc_time - host
+    stall = np.where(stall > 1e-12 * np.maximum(1.0, start), stall, 0.0)
     ops = pd.DataFrame({"op": np.arange(n), "phase": model.phases, "name": model.names,
-                        "start_s": start, "end_s": end, "stall_s": stall, "recompute_s": rc_time})
+                        "start_s": start, "end_s": end, "stall_s": stall, "recompute_s": rc_time,
+                        "host_s": host})
     transfers = pd.DataFrame(tr["transfers"], columns=["i", "direction", "boundary", "start_s", "end_s"])
     transfers.insert(0, "tensor", tid[transfers.pop("i").to_numpy(np.int64)] if len(transfers)
                      else pd.Series(dtype="int64"))
@@ -133,6 +139,16 @@ def build_timeline(model: SimModel, r: RunResult, budget: int, timing: str,
                     schedule, r.host_peak_bytes,
                     None if math.isinf(host_budget) else int(host_budget),
                     {} if r.configs is None else model.configs.pieces_of(r.configs))
+
+
+def _host_seconds(model: SimModel, actions: list[tuple[int, str, int]], n: int) -> np.ndarray:
+    """(n,) the runtime's host seconds before each op for the actions at its boundary (a
+    recompute's are inside its interval): issuing copies, releases, waits and frees."""
+    host = np.zeros(n + 1)
+    for b, kind, _ in actions:
+        if kind != "recompute":
+            host[b] += model.act_s.get(kind, 0.0)
+    return host[:n]
 
 
 def schedule_frame(model: SimModel, actions: list[tuple[int, str, int]]) -> pd.DataFrame:
