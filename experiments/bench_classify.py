@@ -28,7 +28,7 @@ MODELS = [("resnet50", 512, None), ("alexnet", 2048, None),
 
 
 def _parse(argv):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--budget", default="16GiB")
     parser.add_argument("--links", nargs="+", default=["pcie3", "nvlink2"])
     parser.add_argument("--repeat", type=int, default=3, help="timed runs of pooch per case")

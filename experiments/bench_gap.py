@@ -36,7 +36,7 @@ def _real_profile(model: str, batch: int, conv: str):
 
 
 def _parse(argv):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, default=30, help="random networks per link")
     parser.add_argument("--layers", type=int, default=9, help="layers per random network")
     parser.add_argument("--fractions", type=float, nargs="+", default=[0.25, 0.6])

@@ -25,7 +25,7 @@ OUT = Path(__file__).resolve().parents[1] / "results" / "overhead"
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="small-resnet")
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--iters", type=int, default=40, help="planned iterations to compare")

@@ -59,7 +59,7 @@ def finish(device: CpuDevice, transfers: list) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--n", type=int, default=384, help="matrix size of a compute op")
     parser.add_argument("--ops", type=int, default=40)

@@ -27,7 +27,7 @@ LAYERS, LINKS, FRACTIONS = (7, 10), ("pcie3", "nvlink2", "cpu"), (0.0, 0.1, 0.25
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seeds", type=int, default=12, help="random networks per size (>= 1)")
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args(argv)

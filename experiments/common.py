@@ -116,7 +116,7 @@ def by_policy(table: pd.DataFrame, index: list[str], value: str, digits: int = 3
 
 def parser(doc: str, out: Path) -> argparse.ArgumentParser:
     """The options every experiment takes: where to write and the memory budget."""
-    ap = argparse.ArgumentParser(description=doc.splitlines()[0],
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out-dir", type=Path, default=out, help=f"output folder (default {out})")
     ap.add_argument("--budget", default=None,
@@ -144,6 +144,30 @@ def ints(text: str) -> list[int]:
     if not values or min(values) < 1:
         raise argparse.ArgumentTypeError(f"need positive integers: {text!r}")
     return values
+
+
+def positive(text: str) -> float:
+    """argparse type: a finite number above zero (a budget fraction, a bandwidth, seconds)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not (0 < value < float("inf")):
+        raise argparse.ArgumentTypeError(f"need a finite number above zero: {text!r}")
+    return value
+
+
+def whole(least: int) -> Callable[[str], int]:
+    """argparse type: a whole number from ``least`` up."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+        if value < least:
+            raise argparse.ArgumentTypeError(f"need {least} or more: {text!r}")
+        return value
+    return parse
 
 
 def link_name(text: str) -> str:

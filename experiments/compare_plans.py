@@ -65,7 +65,7 @@ def _changes(old: pd.DataFrame, new: pd.DataFrame) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--before", type=Path, required=True, help="the earlier results folder")
     ap.add_argument("--after", type=Path, default=common.RESULTS)
     ap.add_argument("--policies", nargs="+", default=["pooch", "pooch-paper"])

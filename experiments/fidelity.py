@@ -37,7 +37,7 @@ POLICIES = ["pooch", "swap-all", "superneurons", "sqrt-n"]
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true",
                         help="one network, one link, two policies, one budget (a smoke test)")
     parser.add_argument("--network", action="append", default=None,

@@ -65,7 +65,7 @@ def followed_refusals(net: str, loop: str, tries: int = 4) -> tuple[int, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out-dir", type=Path, default=OUT)
     args = parser.parse_args(argv)
     rows = [measure(net, loop) for net, loop in tqdm(CASES, desc="loops")]

@@ -148,9 +148,7 @@ def monotone(fractions: list[float], gbps: list[float], real: list[tuple]) -> pd
              for link in common.PAPER_LINKS]
     for model, batch, shape, link in tqdm(cases, desc="budget grids", leave=False):
         p = common.profile(model, batch, shape)
-        lowest = minimum_budget(p)
-        grid = [(f, int(f * p.incore_peak_bytes)) for f in fractions
-                if f * p.incore_peak_bytes >= lowest]
+        grid = _usable(p, model, fractions, "--fractions", quiet=link != common.PAPER_LINKS[0])
         alone = [get_policy("pooch").classify(p, b, link) for _, b in grid]
         swept = classify_budgets(p, [b for _, b in grid], link)
         rows += [{"grid": "budget", "network": model, "link": link, "x": f,
@@ -169,6 +167,23 @@ def monotone(fractions: list[float], gbps: list[float], real: list[tuple]) -> pd
               "budget_bytes": budget, "alone_s": a.iteration_time_s, "sweep_s": s.iteration_time_s}
              for g, link, a, s in zip(gbps, links, alone, swept)]
     return pd.DataFrame(rows)
+
+
+def _usable(p, name: str, fractions: list[float], option: str,
+            quiet: bool = False) -> list[tuple[float, int]]:
+    """(fraction, budget) of ``fractions`` of ``p``'s in-core need at or above its minimum
+    budget; the others are left out, with a note saying so."""
+    from pooch_ext.sim.budgets import minimum_budget
+
+    lowest = minimum_budget(p)
+    usable = [(f, int(f * p.incore_peak_bytes)) for f in fractions
+              if int(f * p.incore_peak_bytes) >= lowest]
+    if len(usable) < len(fractions) and not quiet:
+        left = sorted(set(fractions) - {f for f, _ in usable})
+        print(f"note: {option} {', '.join(f'{f:g}' for f in left)} left out for {name}: "
+              f"below its minimum budget, {lowest / p.incore_peak_bytes:.3f} of its in-core "
+              "need", file=sys.stderr)
+    return usable
 
 
 def violations(table: pd.DataFrame, column: str, tolerance: float = 1e-3) -> pd.DataFrame:
@@ -213,18 +228,15 @@ def gap(fractions: list[float], time_limit_s: float, real: list[tuple]) -> pd.Da
     from pooch_ext.milp_bound import milp_bound
     from pooch_ext.policies import get_policy
     from pooch_ext.policies.pooch_milp import bound_plan
-    from pooch_ext.sim.budgets import minimum_budget
     from pooch_ext.sim.model import compile_profile
 
     rows = []
     cases = [(net, link) for net in real for link in common.PAPER_LINKS]
     for (name, batch, shape), link in tqdm(cases, desc="gap", leave=False):
         p = common.profile(name, batch, shape)
-        model, lowest = compile_profile(p, link), minimum_budget(p)
-        for f in fractions:
-            budget = int(f * p.incore_peak_bytes)
-            if budget < lowest:
-                continue
+        model = compile_profile(p, link)
+        quiet = link != common.PAPER_LINKS[0]       # (the note once per network)
+        for f, budget in _usable(p, name, fractions, "--gap-fractions", quiet):
             plan = get_policy("pooch").classify(p, budget, link)
             bound = milp_bound(model, budget, time_limit_s)
             # pooch-milp (policies/pooch_milp.py), reusing the bound solved here
@@ -243,7 +255,7 @@ def gap(fractions: list[float], time_limit_s: float, real: list[tuple]) -> pd.Da
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--parts", nargs="+", default=["depth", "monotone", "gap"],
                     choices=["depth", "monotone", "gap", "plots"],
                     help="plots: redraw depth.png and monotone.png from the CSVs")
@@ -255,16 +267,18 @@ def main(argv: list[str] | None = None) -> int:
                     "im2col: with split configurations, as the executor runs them)")
     ap.add_argument("--grid-networks", nargs="+", default=["resnet50", "resnext101-3d"],
                     choices=[r[0] for r in REAL], help="networks of the budget grids and gaps")
-    ap.add_argument("--seeds", type=int, default=2, help="random graphs per depth")
-    ap.add_argument("--repeat", type=int, default=2, help="timed classifications per network")
-    ap.add_argument("--fractions", type=float, nargs="+",
+    ap.add_argument("--seeds", type=common.whole(0), default=2, help="random graphs per depth")
+    ap.add_argument("--repeat", type=common.whole(1), default=2,
+                    help="timed classifications per network")
+    ap.add_argument("--fractions", type=common.positive, nargs="+",
                     default=[round(f, 3) for f in np.arange(0.3, 0.951, 0.025)],
                     help="budget grid, fractions of the in-core need")
-    ap.add_argument("--gbps", type=float, nargs="+",
+    ap.add_argument("--gbps", type=common.positive, nargs="+",
                     default=[2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64])
-    ap.add_argument("--gap-fractions", type=float, nargs="+",
+    ap.add_argument("--gap-fractions", type=common.positive, nargs="+",
                     default=[0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9])
-    ap.add_argument("--time-limit", type=float, default=120.0, help="seconds per bound solve")
+    ap.add_argument("--time-limit", type=common.positive, default=120.0,
+                    help="seconds per bound solve")
     ap.add_argument("--out-dir", type=Path, default=OUT)
     ap.add_argument("--label", default="", help="suffix of depth.csv (depth_before.csv: an "
                     "earlier commit's planner, drawn faintly in depth.png)")
@@ -288,6 +302,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{column}:\n{violations(table, column).to_string(index=False)}")
     if "gap" in args.parts:
         table = gap(args.gap_fractions, args.time_limit, _real(args.grid_networks))
+        if table.empty:
+            print("error: gap: no --gap-fractions budget is at or above a minimum budget "
+                  "(see the notes); gap.csv not written", file=sys.stderr)
+            return 2
         common.write_csv(table, args.out_dir / "gap.csv")
         print(table[["network", "link", "fraction", "pooch_s", "bound_s", "gap", "gap_milp",
                      "bound_optimal"]]

@@ -59,7 +59,7 @@ def plot(table: pd.DataFrame, path: Path, gpu: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--gpu", default="v100-16gb")
     parser.add_argument("--out-dir", default=str(RESULTS))
     args = parser.parse_args(argv)

@@ -57,7 +57,7 @@ def run(names: list[str], out: Path, quiet: bool = False) -> pd.DataFrame:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out-dir", type=Path, default=common.RESULTS)
     ap.add_argument("--only", nargs="+", choices=list(EXPERIMENTS), default=list(EXPERIMENTS))
     ap.add_argument("--quiet", action="store_true", help="hide the experiments' printed tables")

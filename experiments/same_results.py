@@ -46,7 +46,7 @@ def differences(new: Path, reference: Path = RESULTS) -> dict[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--compare", type=Path, help="a finished run_all output folder")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as scratch:

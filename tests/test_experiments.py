@@ -152,6 +152,24 @@ def test_planner_scale(tmp_path):
     assert (gap.pooch_s >= gap.bound_s * (1 - 1e-9)).all() and (gap.bound_s > 0).all()
 
 
+def test_planner_scale_says_what_it_leaves_out_and_refuses_bad_grids(tmp_path, capsys):
+    """A user trial: gap fractions all below the minimum budget ended in a traceback after
+    the other parts were written, budget fractions below it were left out unsaid, and a
+    zero bandwidth was a traceback. Each is now a note or a one-line error."""
+    import planner_scale as ps
+
+    assert ps.main(["--parts", "gap", "--out-dir", str(tmp_path), "--grid-networks",
+                    "alexnet", "--gap-fractions", "0.6"]) == 2
+    err = capsys.readouterr().err
+    assert "--gap-fractions 0.6 left out for alexnet" in err and "gap.csv not written" in err
+    assert not (tmp_path / "gap.csv").exists()
+    for bad in (["--gbps", "0"], ["--fractions", "-1"], ["--repeat", "0"],
+                ["--time-limit", "nan"]):
+        with pytest.raises(SystemExit) as exited:
+            ps.main(["--parts", "monotone", "--out-dir", str(tmp_path), *bad])
+        assert exited.value.code == 2 and "need" in capsys.readouterr().err
+
+
 def test_planner_scale_times_the_real_networks_with_split_configurations_too(tmp_path):
     """--conv im2col: the profiles the executor runs (convolutions with split
     configurations to choose from), beside the paper's cuDNN ones."""
