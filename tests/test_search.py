@@ -158,3 +158,24 @@ def test_the_refinements_quick_floor_test_prunes_only_what_the_exact_test_prunes
             for exact in (approximate * (1 - 1e-11), approximate * (1 + 1e-11)):
                 assert _below(exact, best)
     assert 0 < decided < 20000
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_refinement_that_passes_where_another_went_ends_where_it_would_alone(seed):
+    """Within a search the refinement passes over a move it already tried from the same
+    classes (refine._Base.visited), which must change nothing: refining the same seeds one
+    after another in one search ends where each ends alone, a move that won from some
+    classes winning again when another refinement comes by."""
+    from pooch_ext.sim.model import search_memo
+
+    profile = random_profile(seed, n_layers=14)
+    model = compile_profile(profile, "pcie3")
+    budget = budget_between(profile, 0.2)
+    start = tightest_codes(model)
+    midway = refine(model, start, budget, 20)[0]    # where a refinement from start passes
+    seeds = [start, midway, start]
+    alone = [refine(model, codes, budget, 300)[0] for codes in seeds]
+    with search_memo(model):
+        shared = [refine(model, codes, budget, 300)[0] for codes in seeds]
+    assert all(np.array_equal(a, b) for a, b in zip(alone, shared))
+    assert not np.array_equal(alone[0], seeds[0])       # the refinement moved

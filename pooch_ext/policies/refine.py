@@ -10,10 +10,12 @@ on slow links most that add a swap by the link.
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import time
 from dataclasses import dataclass
+from typing import Any, Callable
 
 import numpy as np
 
@@ -22,7 +24,7 @@ from pooch_ext.policies.search import (Evaluator, KeepRoom, SearchStats, keep_ca
 from pooch_ext.sim.bounds import compute_floor, floor_shares, in_core_time, link_bound
 from pooch_ext.sim.budgets import fits
 from pooch_ext.sim.memory import occupy
-from pooch_ext.sim.model import KEEP, RECOMPUTE, SWAP, SimModel, per_search
+from pooch_ext.sim.model import KEEP, RECOMPUTE, SWAP, SimModel, per_search, search_memo
 
 
 # the refinement's work limit, in units of search.simulation_cost, so the time it takes is
@@ -37,6 +39,19 @@ def refine_budget(model: SimModel) -> int:
     return max(MIN_REFINE_SIMULATIONS, int(REFINE_WORK / simulation_cost(model)))
 
 
+def _in_a_search(function: Callable) -> Callable:
+    """``function(model, ...)`` within a search's memo, its own where called alone: the
+    refinement's move ids and visits live there."""
+    @functools.wraps(function)
+    def within(model: SimModel, *args: Any, **kwargs: Any) -> Any:
+        if model.memo is not None:
+            return function(model, *args, **kwargs)
+        with search_memo(model):
+            return function(model, *args, **kwargs)
+    return within
+
+
+@_in_a_search
 def refine(model: SimModel, codes: np.ndarray, budget: int, max_simulations: int | None = None,
            stats: SearchStats | None = None, evaluator: Evaluator | None = None,
            host_budget: float = math.inf) -> tuple[np.ndarray, SearchStats]:
@@ -51,9 +66,10 @@ def refine(model: SimModel, codes: np.ndarray, budget: int, max_simulations: int
     until it finds nothing: neighbouring pairs, then neighbouring triples, then, where a
     round of them costs no more than the simulation limit (small networks), any two maps.
     First improvement, and the scan goes on after the improving move instead of starting
-    over, so simulations go to moves not yet tried since the last change. Ends when the
-    widest phase finds nothing or ``max_simulations`` (default ``refine_budget``) new
-    simulations are spent. A given ``evaluator`` brings its own host budget.
+    over, so simulations go to moves not yet tried since the last change (nor from these
+    classes in this search: ``_Base.visited``). Ends when the widest phase finds nothing or
+    ``max_simulations`` (default ``refine_budget``) new simulations are spent. A given
+    ``evaluator`` brings its own host budget.
     """
     started = time.perf_counter()
     stats = stats or SearchStats()
@@ -66,43 +82,62 @@ def refine(model: SimModel, codes: np.ndarray, budget: int, max_simulations: int
     if 9 * model.m * (model.m - 1) // 2 <= limit:
         phases.append("any two")      # built only if reached
     tried: set[bytes] = set()   # a trial that did not win once never will: best only falls
-    allowed = model.can.tolist()
-    shares = floor_shares(model)
+    allowed, shares, base = model.can.tolist(), floor_shares(model), None
     for phase in phases:
         if best_time <= floor or ev.stats.simulations - first_simulation >= limit:
             break
-        slots = _phase_moves(model, phase)
+        slots, ids = _phase_moves(model, phase)
         pos = since = 0
-        base = _Base(model, codes, budget, allowed)
+        if base is None or base.codes is not codes:
+            base = _Base(model, codes, budget, allowed)
+        visited = base.visited()
         while since < len(slots) and best_time > floor:
             if ev.stats.simulations - first_simulation >= limit:
                 break
-            trial = _trial(model, base, slots[pos], shares, best_time, stats)
+            move_id = ids[pos]
             pos, since = (pos + 1) % len(slots), since + 1
+            if visited[move_id]:
+                continue
+            visited[move_id] = 1
+            trial = _trial(model, base, slots[pos - 1], shares, best_time, stats)
             if trial is None or (key := trial.tobytes()) in tried:
                 continue
             tried.add(key)
-            # cheapest test first; the link bound after the fit, whose lifetimes it reuses
-            if _below(compute_floor(model, trial), best_time):
-                stats.refine_pruned += 1
-                continue
-            if not fits(model, trial, budget, ev.host_budget):
-                continue
-            if _below(link_bound(model, trial), best_time):
-                stats.refine_pruned += 1
-                continue
-            t = ev.time(trial, cutoff=best_time * (1 - 1e-9))
+            t = _trial_time(model, trial, best_time, ev, budget, stats)
             if t < best_time * (1 - 1e-9):
-                codes, best_time, since = trial, t, 0
+                visited[move_id] = 0    # from these classes it wins again (another seed's
+                codes, best_time, since = trial, t, 0       # refinement may pass here)
                 base = _Base(model, codes, budget, allowed)
+                visited = base.visited()
     stats.refine_simulations += ev.stats.simulations - first_simulation
     stats.seconds += time.perf_counter() - started
     return codes, stats
 
 
-def _phase_moves(model: SimModel, phase: str) -> list[tuple]:
-    """A phase's moves, made once per search (multi_start refines several seeds)."""
-    return per_search(model, f"refine moves: {phase}", lambda: _moves(model, _groups(model, phase)))
+def _trial_time(model: SimModel, trial: np.ndarray, best_time: float, ev: Evaluator,
+                budget: int, stats: SearchStats) -> float:
+    """The trial's budgeted time where it may beat ``best_time``, else infinity: the
+    cheapest test first (compute floor), then the fit, then the link bound (reusing the
+    fit's lifetimes), and only then a simulation, cut off at ``best_time``."""
+    if _below(compute_floor(model, trial), best_time):
+        stats.refine_pruned += 1
+        return math.inf
+    if not fits(model, trial, budget, ev.host_budget):
+        return math.inf
+    if _below(link_bound(model, trial), best_time):
+        stats.refine_pruned += 1
+        return math.inf
+    return ev.time(trial, cutoff=best_time * (1 - 1e-9))
+
+
+def _phase_moves(model: SimModel, phase: str) -> tuple[list[tuple], list[int]]:
+    """A phase's moves and an id of each (the same move, the same id, in every phase), made
+    once per search (multi_start refines several seeds)."""
+    def make() -> tuple[list[tuple], list[int]]:
+        slots = _moves(model, _groups(model, phase))
+        registry: dict[tuple, int] = per_search(model, "refine move ids", dict)
+        return slots, [registry.setdefault(move, len(registry)) for move in slots]
+    return per_search(model, f"refine moves: {phase}", make)
 
 
 def _groups(model: SimModel, phase: str) -> list[tuple[int, ...]]:
@@ -149,6 +184,7 @@ class _Base:
                  allowed: list[list[bool]]) -> None:
         self.model, self.codes, self.budget = model, codes, budget
         self._room: KeepRoom | None = None
+        self._candidates: list[int] | None = None
         # plain lists (``allowed``: model.can's, made once per refine): most moves are ruled
         # out by a class or two, and NumPy scalars one at a time cost more than the test
         self.classes: list[int] = codes.tolist()
@@ -159,6 +195,24 @@ class _Base:
         if self._room is None:
             self._room = KeepRoom(self.model, self.codes, self.budget)
         return self._room
+
+    def candidates(self) -> list[int]:
+        """``keep_candidates`` of these classes: a demoted map's refill takes them (the map
+        itself, kept here, is not among them), so they are made once per base."""
+        if self._candidates is None:
+            self._candidates = keep_candidates(self.model, self.codes)
+        return self._candidates
+
+    def visited(self) -> bytearray:
+        """Which moves (by id) were tried from these classes in this search, by any refine
+        call: trying one again gives what it gave then (its trial is the same; the best
+        time then was these classes' time, as it is now), so it is passed over."""
+        by_base: dict[bytes, bytearray] = per_search(self.model, "refine visited", dict)
+        visited = by_base.setdefault(self.codes.tobytes(), bytearray())
+        known = len(per_search(self.model, "refine move ids", dict))
+        if len(visited) < known:        # (a phase's moves are made when it is reached)
+            visited.extend(bytes(known - len(visited)))
+        return visited
 
 
 _FLIPPED = {SWAP: RECOMPUTE, RECOMPUTE: SWAP}
@@ -211,9 +265,12 @@ def _demote(model: SimModel, base: _Base, i: int, new: int) -> np.ndarray | None
         room = base.room()
         top = room.top.copy()
         occupy(top, room.lo[i], room.hi[i], -int(model.nbytes[i]))
-        return _refill(model, trial, i, room, top)
-    room = KeepRoom(model, trial, base.budget)
-    return _refill(model, trial, i, room, room.top)
+    else:
+        room = KeepRoom(model, trial, base.budget)
+        top = room.top
+    # refilled wherever the memory allows, output side first
+    trial[room.fill(top, base.candidates())] = KEEP
+    return trial
 
 
 @dataclass
@@ -227,6 +284,7 @@ class _Result:
     improving: bool
 
 
+@_in_a_search
 def multi_start(model: SimModel, seeds: dict[str, np.ndarray | None], budget: int,
                 max_simulations: int | None = None, stats: SearchStats | None = None,
                 host_budget: float = math.inf) -> tuple[np.ndarray, SearchStats]:
@@ -278,15 +336,6 @@ def multi_start(model: SimModel, seeds: dict[str, np.ndarray | None], budget: in
     winner = min(found, key=lambda r: r.time_s)
     stats.seed = winner.seed
     return winner.codes, stats
-
-
-def _refill(model: SimModel, codes: np.ndarray, exclude: int, room: KeepRoom,
-            top: np.ndarray) -> np.ndarray:
-    """Switch non-kept maps but ``exclude`` to keep, output side first, wherever the memory
-    allows (``top``: the tightest memory of ``codes``, laid out by ``room``)."""
-    codes = codes.copy()
-    codes[room.fill(top, [i for i in keep_candidates(model, codes) if i != exclude])] = KEEP
-    return codes
 
 
 def _surely_below(approximate: float, best_time: float) -> bool:
