@@ -123,7 +123,9 @@ class Plan:
         """Classes (and policy / swap-in timing) back from a table written by ``to_csv``."""
         path = Path(path)
         if not path.is_file():
-            raise PoochError(f"{path}: no such plan file")
+            raise PoochError(f"{path}: " + ("a folder, not a plan file (the CSV written by "
+                                            "classify --out)" if path.is_dir()
+                                            else "no such plan file"))
         try:
             table = pd.read_csv(path)
         except (pd.errors.EmptyDataError, pd.errors.ParserError, UnicodeDecodeError) as error:

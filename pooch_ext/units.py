@@ -44,7 +44,8 @@ def parse_bytes(text: str | int | float, allow_zero: bool = False) -> int:
     return result
 
 
-_BINARY = (("TiB", 1024**4), ("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024))
+_BINARY = (("PiB", 1024**5), ("TiB", 1024**4), ("GiB", 1024**3), ("MiB", 1024**2),
+           ("KiB", 1024))
 
 
 def binary_unit(n: float) -> tuple[str, int]:

@@ -240,6 +240,19 @@ def test_byte_sizes_as_a_user_types_them():
     assert parse_bytes(0.4 * 1e9 + 0.3) == 400000000      # a float computed in Python: rounded
     with pytest.raises(ValueError, match="TB, PB, KiB, MiB, GiB, TiB, PiB"):
         parse_bytes("3XB")
+    from pooch_ext.units import format_bytes
+    assert format_bytes(MAX_BYTES) == "8 PiB"     # (was "8192 TiB", a trial)
+
+
+def test_a_folder_given_as_the_plan_is_named_a_folder(tmp_path):
+    """A trial: ``simulate --plan <a folder>`` said "no such plan file"."""
+    from pooch_ext.errors import PoochError
+    from pooch_ext.plan import Plan
+
+    with pytest.raises(PoochError, match="a folder, not a plan file"):
+        Plan.read_csv(tmp_path)
+    with pytest.raises(PoochError, match="no such plan file"):
+        Plan.read_csv(tmp_path / "absent.csv")
 
 
 def test_a_refusal_one_byte_short_shows_the_bytes_that_differ():
