@@ -1,4 +1,4 @@
-"""The ``pooch-ext`` command: profile, classify, simulate.
+"""The ``pooch-ext`` command: profile, classify, simulate, sweep.
 
 Each subcommand lives in ``pooch_ext/commands/<name>.py`` with ``register(subparsers)`` and
 ``run(args) -> int``. User mistakes (PoochError, ValueError, and OSError: a file that cannot be
@@ -13,7 +13,7 @@ import sys
 
 from pooch_ext.errors import PoochError
 
-COMMANDS = ("profile", "classify", "simulate")
+COMMANDS = ("profile", "classify", "simulate", "sweep")
 
 
 class _Parser(argparse.ArgumentParser):
