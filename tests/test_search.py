@@ -181,11 +181,13 @@ def test_a_refinement_that_passes_where_another_went_ends_where_it_would_alone(s
     assert not np.array_equal(alone[0], seeds[0])       # the refinement moved
 
 
-def test_where_no_checkpoint_plan_fits_pooch_also_starts_from_the_checkpoints_swapped():
-    """Below the budgets a checkpoint plan fits, pooch's refinement also starts from the
-    checkpoints swapped instead of kept, every other map rebuilt (sqrt_n.swapped_checkpoints):
-    ResNet-50 b512 on pcie3 at 0.3 of its in-core need went from 2017 ms to 1918 ms. It fits
-    there, and pooch is never slower than it."""
+def test_where_no_checkpoint_plan_fits_pooch_also_refines_the_checkpoints_swapped(monkeypatch):
+    """Below the budgets a checkpoint plan fits, pooch also refines the checkpoints swapped
+    instead of kept, every other map rebuilt (sqrt_n.swapped_checkpoints), apart from its
+    search, taking it where it ends faster: ResNet-50 b512 on pcie3 at 0.3 of its in-core
+    need went from 2017 ms to 1918 ms. It fits there, pooch is never slower than it, and
+    never slower than its search without it (policy pooch with the seed turned off)."""
+    from pooch_ext.policies import pooch as pooch_module
     from pooch_ext.policies.sqrt_n import swapped_checkpoints
     from pooch_ext.sim.model import SWAP
 
@@ -206,4 +208,8 @@ def test_where_no_checkpoint_plan_fits_pooch_also_starts_from_the_checkpoints_sw
             plan = get_policy("pooch").classify(profile, budget, "pcie3", stats=stats)
             assert "swapped checkpoints" in stats.seed_times
             assert plan.iteration_time_s <= run(model, codes, "early", budget).time_s
-    assert found
+            with monkeypatch.context() as patch:
+                patch.setattr(pooch_module, "swapped_checkpoints", lambda *a: None)
+                without = get_policy("pooch").classify(profile, budget, "pcie3")
+            assert plan.iteration_time_s <= without.iteration_time_s
+    assert found    # (it pays on ResNet-50, not on these: planner_scale.py --parts gap)
