@@ -89,7 +89,7 @@ def refine(model: SimModel, codes: np.ndarray, budget: int, max_simulations: int
         slots, ids = _phase_moves(model, phase)
         pos = since = 0
         if base is None or base.codes is not codes:
-            base = _Base(model, codes, budget, allowed)
+            base = _Base(model, codes, budget, allowed, ev.host_budget)
         visited = base.visited()
         while since < len(slots) and best_time > floor:
             if ev.stats.simulations - first_simulation >= limit:
@@ -107,7 +107,7 @@ def refine(model: SimModel, codes: np.ndarray, budget: int, max_simulations: int
             if t < best_time * (1 - 1e-9):
                 visited[move_id] = 0    # from these classes it wins again (another seed's
                 codes, best_time, since = trial, t, 0       # refinement may pass here)
-                base = _Base(model, codes, budget, allowed)
+                base = _Base(model, codes, budget, allowed, ev.host_budget)
                 visited = base.visited()
     stats.refine_simulations += ev.stats.simulations - first_simulation
     stats.seconds += time.perf_counter() - started
@@ -181,8 +181,8 @@ class _Base:
     a demotion to swap changes no lifetime, so its room is this one less the map's hole)."""
 
     def __init__(self, model: SimModel, codes: np.ndarray, budget: int,
-                 allowed: list[list[bool]]) -> None:
-        self.model, self.codes, self.budget = model, codes, budget
+                 allowed: list[list[bool]], host_budget: float = math.inf) -> None:
+        self.model, self.codes, self.budget, self.host_budget = model, codes, budget, host_budget
         self._room: KeepRoom | None = None
         self._candidates: list[int] | None = None
         # plain lists (``allowed``: model.can's, made once per refine): most moves are ruled
@@ -205,9 +205,11 @@ class _Base:
 
     def visited(self) -> bytearray:
         """Which moves (by id) were tried from these classes in this search, by any refine
-        call: trying one again gives what it gave then (its trial is the same; the best
-        time then was these classes' time, as it is now), so it is passed over."""
-        by_base: dict[bytes, bytearray] = per_search(self.model, "refine visited", dict)
+        call under the same budgets: trying one again gives what it gave then (its trial is
+        the same; the best time then was these classes' time, as it is now), so it is
+        passed over."""
+        by_base: dict[bytes, bytearray] = per_search(
+            self.model, f"refine visited: {self.budget}, {self.host_budget}", dict)
         visited = by_base.setdefault(self.codes.tobytes(), bytearray())
         known = len(per_search(self.model, "refine move ids", dict))
         if len(visited) < known:        # (a phase's moves are made when it is reached)
