@@ -118,11 +118,13 @@ def plot_depth(table: pd.DataFrame, path: Path, before: pd.DataFrame | None = No
                     label=f"before: {kind}" if kind != "real" else "before: the paper's networks")
     styles = {"chain": ("tab:red", "o", "--"), "random": ("tab:blue", "s", "--"),
               "real": ("black", "D", "none")}
+    real = ", ".join(table[table.kind == "real"].network)
     for kind, (color, marker, line) in styles.items():
         sel = table[table.kind == kind].groupby("ops", as_index=False).median(numeric_only=True)
-        ax.plot(sel.ops, sel.seconds, color=color, marker=marker, ls=line,
-                label={"chain": "saturated chains", "random": "random CNN-like graphs (median)",
-                       "real": "AlexNet, VGG-16, ResNet-50, ResNeXt-101 3D (16 GiB)"}[kind])
+        if len(sel):
+            ax.plot(sel.ops, sel.seconds, color=color, marker=marker, ls=line,
+                    label={"chain": "saturated chains", "random": "random CNN-like graphs (median)",
+                           "real": f"{real} (16 GiB)"}[kind])
     ax.axhline(5, color="gray", lw=0.8, ls=":")
     ax.axhline(1, color="gray", lw=0.8, ls=":")
     ax.set_xscale("log")
@@ -180,9 +182,9 @@ def _usable(p, name: str, fractions: list[float], option: str,
               if int(f * p.incore_peak_bytes) >= lowest]
     if len(usable) < len(fractions) and not quiet:
         left = sorted(set(fractions) - {f for f, _ in usable})
-        print(f"note: {option} {', '.join(f'{f:g}' for f in left)} left out for {name}: "
-              f"below its minimum budget, {lowest / p.incore_peak_bytes:.3f} of its in-core "
-              "need", file=sys.stderr)
+        tqdm.write(f"note: {option} {', '.join(f'{f:g}' for f in left)} left out for {name}: "
+                   f"below its minimum budget, {lowest / p.incore_peak_bytes:.3f} of its "
+                   "in-core need", file=sys.stderr)      # (above the progress bar)
     return usable
 
 
@@ -288,6 +290,13 @@ def main(argv: list[str] | None = None) -> int:
         table = depth(args.layers, args.seeds, args.repeat, _real(args.real), args.conv)
         common.write_csv(table, args.out_dir / f"depth{args.label}.csv")
         print(table[["network", "ops", "seconds", "relative_to_incore"]].to_string(index=False))
+    if "plots" in args.parts:
+        missing = [name for name in ("depth.csv", "monotone.csv")
+                   if not (args.out_dir / name).exists() and name[:-4] not in args.parts]
+        if missing:
+            print(f"error: --parts plots redraws from {' and '.join(missing)} in "
+                  f"{args.out_dir}, which it lacks (run those parts first)", file=sys.stderr)
+            return 2
     if ("depth" in args.parts or "plots" in args.parts) and not args.label:
         before = args.out_dir / "depth_before.csv"
         plot_depth(pd.read_csv(args.out_dir / "depth.csv"), args.out_dir / "depth.png",

@@ -58,7 +58,7 @@ def test_infeasible_policy_exits_one_with_the_reason(profile_dir, capsys):
     path, profile = profile_dir
     code, info = run_json(capsys, ["classify", str(path), "--policy", "in-core",
                                    "--budget", str(minimum_budget(profile))])
-    assert code == 1 and not info["feasible"] and "in-core needs" in info["reason"]
+    assert code == 1 and not info["feasible"] and "keeping every feature map needs" in info["reason"]
 
 
 def test_budget_below_minimum_is_one_line_without_traceback(profile_dir):

@@ -67,3 +67,18 @@ def test_a_bad_sweep_is_one_line_and_exit_2(profile_dir, capsys, argv, says):
         code = exited.code
     err = capsys.readouterr().err
     assert code == 2 and says in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_sweep_writes_over_no_input_and_no_other_output(profile_dir, tmp_path, capsys):
+    """A trial: ``sweep --out <profile>/ops.csv`` replaced the profile's table (the profile
+    no longer loaded) and ``--out x.png --plot x.png`` left only the figure; classify
+    refused both. The profile is untouched after the refusal."""
+    path, profile = profile_dir
+    ops = path / "ops.csv"
+    before = ops.read_bytes()
+    ok = str(budget_between(profile, 0.5))
+    assert main(["sweep", str(path), "--budgets", ok, "--out", str(ops)]) == 2
+    assert "would replace an input" in capsys.readouterr().err and ops.read_bytes() == before
+    same = str(tmp_path / "same.png")
+    assert main(["sweep", str(path), "--budgets", ok, "--out", same, "--plot", same]) == 2
+    assert "are the same file" in capsys.readouterr().err

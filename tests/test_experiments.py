@@ -163,6 +163,8 @@ def test_planner_scale_says_what_it_leaves_out_and_refuses_bad_grids(tmp_path, c
     err = capsys.readouterr().err
     assert "--gap-fractions 0.6 left out for alexnet" in err and "gap.csv not written" in err
     assert not (tmp_path / "gap.csv").exists()
+    assert ps.main(["--parts", "plots", "--out-dir", str(tmp_path)]) == 2     # no CSVs yet
+    assert "run those parts first" in capsys.readouterr().err
     for bad in (["--gbps", "0"], ["--fractions", "-1"], ["--repeat", "0"],
                 ["--time-limit", "nan"]):
         with pytest.raises(SystemExit) as exited:

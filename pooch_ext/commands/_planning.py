@@ -43,14 +43,19 @@ def load(args: argparse.Namespace) -> tuple[Profile, int, float]:
     check_distinct(args)
     profile = Profile.load(args.profile_dir)
     budget = require_budget(profile, args.budget)
+    note_above_device(profile, budget)
+    return profile, budget, require_host_budget(profile, budget, args.host_budget)
+
+
+def note_above_device(profile: Profile, budget: int) -> None:
+    """A budget above the profile's device memory is allowed (what if the device were
+    larger?), but said; not of the CPU device, which has no memory of its own (a profile
+    PoocH saved there names the budget it ran under)."""
     capacity = int(profile.device.capacity_bytes)
-    # allowed (what if the device were larger?), but said; not of the CPU device, which has
-    # no memory of its own (a profile PoocH saved there names the budget it ran under)
     if budget > capacity and profile.device.kind != "cpu":
         print(f"pooch-ext: note: the budget, {format_bytes(budget)}, is above the memory of "
               f"the profile's device ({profile.device.name}: {format_bytes(capacity)}); a plan "
               "for it does not fit there", file=sys.stderr)
-    return profile, budget, require_host_budget(profile, budget, args.host_budget)
 
 
 def summary(profile: Profile, plan: Plan) -> dict:

@@ -7,8 +7,8 @@ import json
 
 import pandas as pd
 
-from pooch_ext.commands._paths import FILE_HELP, output_file, png_file
-from pooch_ext.commands._planning import add_common
+from pooch_ext.commands._paths import FILE_HELP, check_distinct, output_file, png_file
+from pooch_ext.commands._planning import add_common, note_above_device
 from pooch_ext.links import PRESETS
 from pooch_ext.plan import Plan
 from pooch_ext.policies.sweep import classify_budgets, classify_links
@@ -42,18 +42,21 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_distinct(args)
     profile = Profile.load(args.profile_dir)
     if args.budgets:
         if args.budget is not None:
             raise ValueError("--budget goes with --links; give the budgets with --budgets")
         budgets = [resolve_budget(profile, b) for b in args.budgets]
         host = require_host_budget(profile, min(budgets), args.host_budget)
+        note_above_device(profile, max(budgets))
         plans = classify_budgets(profile, budgets, args.link, host_budget=host)
     else:
         if args.link is not None:
             raise ValueError("--link goes with --budgets; give the links with --links")
         budget = resolve_budget(profile, args.budget)
         host = require_host_budget(profile, budget, args.host_budget)
+        note_above_device(profile, budget)
         plans = classify_links(profile, args.links, budget, host_budget=host)
     table = sweep_table(profile, plans)
     lines = []
@@ -91,6 +94,9 @@ def _text(table: pd.DataFrame) -> str:
                       zip(table.iteration_time_s, table.feasible)],
         "x in-core": table.relative_to_incore.map(lambda r: f"{r:.3f}"),
         "peak": table.peak_bytes.map(format_bytes),
+        "host": table.host_peak_bytes.map(format_bytes),
         "keep/swap/recompute": [f"{k}/{s}/{r}" for k, s, r in
                                 zip(table.keep, table.swap, table.recompute)]})
+    if shown.budget.duplicated().any() and not table.budget_bytes.duplicated().any():
+        shown["budget"] = table.budget_bytes.astype(str) + " B"   # apart by less than shown
     return shown.to_string(index=False)
