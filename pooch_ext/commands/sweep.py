@@ -50,14 +50,14 @@ def run(args: argparse.Namespace) -> int:
         budgets = [resolve_budget(profile, b) for b in args.budgets]
         host = require_host_budget(profile, min(budgets), args.host_budget)
         note_above_device(profile, max(budgets))
-        plans = classify_budgets(profile, budgets, args.link, host_budget=host)
+        plans = classify_budgets(profile, budgets, args.link, host_budget=host, progress=True)
     else:
         if args.link is not None:
             raise ValueError("--link goes with --budgets; give the links with --links")
         budget = resolve_budget(profile, args.budget)
         host = require_host_budget(profile, budget, args.host_budget)
         note_above_device(profile, budget)
-        plans = classify_links(profile, args.links, budget, host_budget=host)
+        plans = classify_links(profile, args.links, budget, host_budget=host, progress=True)
     table = sweep_table(profile, plans)
     lines = []
     if args.out:

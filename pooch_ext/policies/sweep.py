@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
+from tqdm import tqdm
+
 from pooch_ext.links import Link, get_link
 from pooch_ext.plan import Plan
 from pooch_ext.policies import pooch
@@ -25,21 +27,21 @@ ONE_GIB = 1 << 30
 
 
 def classify_budgets(profile: Profile, budgets: Sequence[int | str], link: Link | str | None = None,
-                     host_budget: int | str | None = None) -> list[Plan]:
+                     host_budget: int | str | None = None, progress: bool = False) -> list[Plan]:
     """pooch plans for ``budgets`` (a list, any order; the plans come back in that order), a
     larger budget never slower. A budget below the minimum raises BudgetTooSmallError before
-    anything is classified, as ``pooch.classify`` does."""
+    anything is classified, as ``pooch.classify`` does. ``progress``: a bar on stderr."""
     _require_list(budgets, "budgets")
     resolved = [resolve_budget(profile, b) for b in budgets]
     if resolved:
         require_budget(profile, min(resolved), "pooch")
     by_budget = _seeded(sorted(set(resolved)), lambda budget, seeds: pooch.classify(
-        profile, budget, link, host_budget=host_budget, seeds=seeds))
+        profile, budget, link, host_budget=host_budget, seeds=seeds), progress)
     return [by_budget[b] for b in resolved]
 
 
 def classify_links(profile: Profile, links: Sequence[Link | str], budget: int | str | None = None,
-                   host_budget: int | str | None = None) -> list[Plan]:
+                   host_budget: int | str | None = None, progress: bool = False) -> list[Plan]:
     """pooch plans for ``links`` (a list, any order; the plans come back in that order), each
     seeded with the plan of the next slower one: a link at least as fast both ways never gets
     a slower plan. Links are ordered by the seconds a GiB takes out and back in."""
@@ -47,17 +49,18 @@ def classify_links(profile: Profile, links: Sequence[Link | str], budget: int | 
     resolved = [get_link(link) for link in links]
     order = sorted(range(len(resolved)), key=lambda k: -_round_trip_s(resolved[k]))
     by_link = _seeded(order, lambda k, seeds: pooch.classify(
-        profile, budget, resolved[k], host_budget=host_budget, seeds=seeds))
+        profile, budget, resolved[k], host_budget=host_budget, seeds=seeds), progress)
     return [by_link[k] for k in range(len(resolved))]
 
 
-def _seeded(order: list, classify_at: Callable[[Any, list[Plan]], Plan]) -> dict:
+def _seeded(order: list, classify_at: Callable[[Any, list[Plan]], Plan],
+            progress: bool = False) -> dict:
     """Plans for the keys of ``order``, slowest side first, each seeded with the last
     feasible plan before it, or pooch's own plan there where that is faster
     (``pooch.faster``). Either is at least as fast as the neighbour's plan. {key: Plan}"""
     plans = {}
     previous: list[Plan] = []
-    for key in order:
+    for key in tqdm(order, desc="sweep", unit="point", leave=False, disable=not progress):
         plan = classify_at(key, previous)
         if previous:
             plan = pooch.faster(plan, classify_at(key, []))
