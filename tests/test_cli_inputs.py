@@ -70,6 +70,11 @@ def test_output_paths_that_cannot_be_written(saved, tmp_path, capsys, command, o
     assert not (tmp_path / "missing").exists()   # no folder made where the help does not say so
 
 
+def test_an_empty_output_name_is_called_empty(saved, capsys):
+    """A trial: ``--out ''`` said "'' is a folder"."""
+    assert "an empty file name" in one_line_error(capsys, ["classify", saved[0], "--out", ""])
+
+
 def test_unwritable_places(saved, tmp_path, capsys):
     folder = unwritable_folder(tmp_path)
     err = one_line_error(capsys, ["classify", saved[0], "--out", str(folder / "plan.csv")])

@@ -17,7 +17,9 @@ FILE_HELP = "its folder must exist; an existing file is replaced"
 def output_file(text: str, suffix: str = "") -> Path:
     """argparse type: a file path whose folder exists and takes a new file."""
     path = Path(text)
-    if not text or path.is_dir() or text.endswith(("/", os.sep)):
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty file name")
+    if path.is_dir() or text.endswith(("/", os.sep)):
         raise argparse.ArgumentTypeError(f"{text!r} is a folder, not a file name")
     if suffix and path.suffix.lower() != suffix:
         raise argparse.ArgumentTypeError(f"{text!r}: the file name must end in {suffix}")

@@ -27,6 +27,8 @@ def plot_sweep(table: pd.DataFrame, profile: Profile, path: str | Path, by_budge
         if len(failed):
             ax.plot(failed.budget_bytes / scale, [0] * len(failed), "rx", label="no plan")
         ax.set_xlabel(f"budget ({unit})")
+        if table.budget_bytes.max() > 20 * table.budget_bytes.min():
+            ax.set_xscale("log")        # (one huge budget would squash the others)
         title = f"link {table.link.iloc[0]}"
     else:
         ax.plot(range(len(table)), [t * 1e3 if f else float("nan") for t, f in

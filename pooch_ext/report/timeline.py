@@ -59,10 +59,11 @@ def plot_timeline(timeline: Timeline, path: str | Path, title: str = "") -> Path
     gantt.axvline(timeline.forward_end_s, color="gray", linestyle=":", linewidth=1)
     gantt.set_yticks([y[lane] + 4 for lane in LANES], LANES)
     gantt.set_ylim(-2, 30)
-    legend = [Patch(color=COLORS[k], label=k) for k in ("forward", "backward", "update",
-                                                        "recompute", "d2h", "h2d", "stall",
-                                                        "runtime")]
-    gantt.legend(handles=legend, ncol=8, loc="lower center", bbox_to_anchor=(0.5, 1.0),
+    shown = {"forward": True, "backward": True, "update": (ops.phase == "update").any(),
+             "recompute": len(rc) > 0, "d2h": True, "h2d": True,
+             "stall": len(stalled) > 0, "runtime": len(busy) > 0}    # what the figure draws
+    legend = [Patch(color=COLORS[k], label=k) for k, drawn in shown.items() if drawn]
+    gantt.legend(handles=legend, ncol=len(legend), loc="lower center", bbox_to_anchor=(0.5, 1.0),
                  fontsize=8, frameon=False)
     fig.suptitle(title or (f"iteration {timeline.iteration_time_s * 1e3:.1f} ms, "
                            f"stalls {timeline.total_stall_s * 1e3:.1f} ms, "
