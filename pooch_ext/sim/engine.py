@@ -149,13 +149,14 @@ class _Run:
         self.rec = Recorder(self.n) if record else None
         self.cut_short, self.delayed, self.overflow = False, 0, ""
         rest = compute_to_come(dur, model.rc_s, life, self.c_rc) if cutoff < math.inf else None
-        self.fast: tuple | None = None  # what the walk in C reads (sim/fastwalk.py) if it
-        if fastwalk.serves(self):       # takes this run
-            fastwalk.prepare(self, codes, life, rest)
-            return
         # only ops over the budget here may need a forced release: the top never rises above
         # this (a release lowers it, a swap-in gives back part of what its map's release took)
-        self.over = set(np.flatnonzero(self.top[:self.n] > budget).tolist())
+        over = self.top[:self.n] > budget
+        self.fast: tuple | None = None  # what the walk in C reads (sim/fastwalk.py) if it
+        if fastwalk.serves(self):       # takes this run
+            fastwalk.prepare(self, codes, life, rest, over)
+            return
+        self.over = set(np.flatnonzero(over).tolist())
         self.so_s, self.si_s, self.rc_s, self.last_fwd, self.producer, fastest = plain_lists(model)
         self.dur = fastest if peak is None else dur.tolist()
         self.first_at, self.end_at = life.first.tolist(), life.end.tolist()

@@ -100,11 +100,14 @@ _PACKED = ("first_at", "end_at", "over", "so_ptr", "so_idx", "rc_ptr", "rc_idx",
            "src_idx", "op_ptr", "op_idx", "queue", "free_count")
 
 
-def prepare(run: "_Run", codes: np.ndarray, life: Any, rest: np.ndarray | None) -> None:
-    """What ``walk`` and ``run.result`` read of a run the C walk takes."""
+def prepare(run: "_Run", codes: np.ndarray, life: Any, rest: np.ndarray | None,
+            over: np.ndarray) -> None:
+    """What ``walk`` and ``run.result`` read of a run the C walk takes (``over``: the ops
+    that may need a forced release, the engine's rule)."""
     swapped = np.flatnonzero(codes == SWAP)
     run.swapped = swapped.tolist()
-    run.fast = (codes, life, rest, swapped, swapped[np.lexsort((swapped, life.first[swapped]))])
+    run.fast = (codes, life, rest, over, swapped,
+                swapped[np.lexsort((swapped, life.first[swapped]))])
 
 
 def walk(run: "_Run") -> None:
@@ -112,13 +115,11 @@ def walk(run: "_Run") -> None:
     ``run.result`` reads (time, forward end, copies' ends and stalls per map, L_O and L_I,
     cut short, overflow)."""
     assert run.fast is not None
-    codes, life, rest, swapped, queue = run.fast
+    codes, life, rest, over, swapped, queue = run.fast
     n, m = run.n, run.model.m
     search: _Search = per_search(run.model, "fast walk", lambda: _Search(run))
     state, floats, flags = search.state, search.floats, search.flags
     rebuilt = np.flatnonzero(codes == RECOMPUTE)
-    over = run.top > run.budget
-    over[n] = False
     frees = (np.bincount(np.concatenate((life.end, run.model.last_fwd[rebuilt] + 1)),
                          minlength=n + 1) if run.c_free else np.zeros(0, np.int64))
     parts = [life.first, life.end, over, *_grouped(run.model.producer[swapped] + 1, swapped, n),
