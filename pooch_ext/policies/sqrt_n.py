@@ -26,9 +26,7 @@ def best_checkpoints(model: SimModel, budget: int,
     """The fastest checkpoint spacing up to ``max_spacing`` (None: every spacing) that fits
     ``budget`` (ties: the one nearest sqrt(n)); None when none fits. No map is swapped, so
     its time does not depend on the link."""
-    root = max(1, round(math.sqrt(model.m)))
-    last = model.m + 1 if max_spacing is None else min(max_spacing, model.m + 1)
-    near = {k: (abs(k - root), k) for k in range(1, last + 1)}
+    near = _spacings(model, max_spacing)
     plans = [(compute_floor(model, codes), near[k], codes) for k in near
              for codes in [checkpoint_codes(model, k)] if fits(model, codes, budget)]
     best, best_key = None, (math.inf, (0, 0))
@@ -51,16 +49,23 @@ def swapped_checkpoints(model: SimModel, budget: int, max_spacing: int) -> np.nd
     fit, it starts the search where the best plans are (most maps rebuilt, the checkpoints
     on the host), a basin the paper's steps, which swap first, do not reach (ResNet-50 b512
     on pcie3 at 0.3 of its in-core need: 1918 ms against 2017 ms)."""
-    root = max(1, round(math.sqrt(model.m)))
-    best, best_key = None, (math.inf, 0)
-    for k in range(2, min(max_spacing, model.m + 1) + 1):
+    best, best_key = None, (math.inf, (0, 0))
+    for k, tie in _spacings(model, max_spacing, first=2).items():
         codes = checkpoint_codes(model, k)
         codes[(codes == KEEP) & model.can[:, SWAP]] = SWAP
         if fits(model, codes, budget):
-            key = (lower_bound(model, codes), abs(k - root))
+            key = (lower_bound(model, codes), tie)
             if key < best_key:
                 best, best_key = codes, key
     return best
+
+
+def _spacings(model: SimModel, max_spacing: int | None, first: int = 1) -> dict:
+    """{spacing: its tie key} for spacings ``first``..``max_spacing`` (None: every spacing):
+    nearest sqrt(n) first, then the denser."""
+    root = max(1, round(math.sqrt(model.m)))
+    last = model.m + 1 if max_spacing is None else min(max_spacing, model.m + 1)
+    return {k: (abs(k - root), k) for k in range(first, last + 1)}
 
 
 def classify(profile: Profile, budget: int | str | None = None,
