@@ -134,7 +134,7 @@ def test_lifetimes_static_memory_and_fill_in_c_equal_the_python_reference(seed):
         exact = candidates[0]       # a budget the first candidate meets exactly
         lo, hi = room.lo[exact], room.hi[exact]
         if lo < hi:
-            room.budget = room._c_budget = int(top[lo:hi].max() + model.nbytes[exact])
+            room.budget = int(top[lo:hi].max() + model.nbytes[exact])
             assert room.fill(top, candidates)[:1] == room._fill_numpy(top, candidates)[:1] \
                 == [exact]
     assert filled and ended     # some fills keep a part of their candidates; some ends move

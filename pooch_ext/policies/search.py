@@ -110,9 +110,8 @@ class KeepRoom:
         self.hi = life.first
         self.nbytes = model.nbytes
         self.budget = budget
-        # walk.c's fill takes a budget in int64 (not an unlimited one); what it reads, made
-        # when first asked: lo, hi and nbytes contiguous, and their addresses
-        self._c_budget = budget if isinstance(budget, (int, np.integer)) and budget < 2**62 else None
+        # what walk.c's fill reads, made when first asked: lo, hi and nbytes contiguous, and
+        # their addresses
         self._c: tuple[list[np.ndarray], list[int]] | None = None
 
     def fits_keep(self, top: np.ndarray, i: int) -> bool:
@@ -127,8 +126,10 @@ class KeepRoom:
     def fill(self, top: np.ndarray, candidates: list[int]) -> list[int]:
         """The candidates (in the order given) that fit one after another from ``top``: in
         walk.c where it loads (sim/clib.py), else in NumPy (``_fill_numpy``)."""
-        lib = for_model(self.model)
-        if lib is None or not candidates or self._c_budget is None:
+        lib, budget = for_model(self.model), self.budget
+        # (walk.c takes the budget in int64, not an unlimited one)
+        if lib is None or not candidates or not isinstance(budget, (int, np.integer)) \
+                or budget >= 2**62:
             return self._fill_numpy(top, candidates)
         if self._c is None:
             arrays = [np.ascontiguousarray(a, np.int64) for a in (self.lo, self.hi, self.nbytes)]
@@ -137,7 +138,7 @@ class KeepRoom:
         work = np.empty(len(top) + len(order), np.int64)    # top, then the maps kept
         work[:len(top)] = top
         at = work.ctypes.data
-        count = lib.fill(len(order), order.ctypes.data, *self._c[1], int(self._c_budget), at,
+        count = lib.fill(len(order), order.ctypes.data, *self._c[1], int(budget), at,
                          at + 8 * len(top))
         return work[len(top):len(top) + count].tolist()
 
