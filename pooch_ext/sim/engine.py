@@ -152,10 +152,9 @@ class _Run:
         # only ops over the budget here may need a forced release: the top never rises above
         # this (a release lowers it, a swap-in gives back part of what its map's release took)
         over = self.top[:self.n] > budget
-        self.fast: tuple | None = None  # what the walk in C reads (sim/fastwalk.py) if it
-        if fastwalk.serves(self):       # takes this run
-            fastwalk.prepare(self, codes, life, rest, over)
-            return
+        self.fast: tuple | None = None  # what the walk in C reads (sim/fastwalk.py), if any
+        if fastwalk.serves(self):
+            return fastwalk.prepare(self, codes, life, rest, over)
         self.over = set(np.flatnonzero(over).tolist())
         self.so_s, self.si_s, self.rc_s, self.last_fwd, self.producer, fastest = plain_lists(model)
         self.dur = fastest if peak is None else dur.tolist()
