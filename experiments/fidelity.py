@@ -84,19 +84,15 @@ def _run(make, batches, policy, budget, link, profile_iters, gpu=None):
 
     import numpy as np
 
-    from pooch_ext.hooks.cpu_device import CpuDevice
-    from pooch_ext.hooks.device import CupyDevice, pool_peak_hook
     from pooch_ext.testing import make_optimizer, train
 
     np.random.seed(0)
     model = make()
-    device, sync, hook = CpuDevice(link=link), None, None
     if gpu is not None:
         gpu.random.seed(0)
         model.to_gpu()
         batches = [(gpu.asarray(x), gpu.asarray(t)) for x, t in batches]
-        device, sync, hook = (CupyDevice(throttle=link), gpu.cuda.Device().synchronize,
-                              pool_peak_hook(gpu))
+    device, sync, hook = _device(link, gpu)
     optimizer = make_optimizer(model, "momentum")
     peaks: list[int] = []
 
@@ -110,6 +106,18 @@ def _run(make, batches, policy, budget, link, profile_iters, gpu=None):
                         "verbose": False, "device": device}, clock=device.timer, sync=sync,
                        after_step=pool_peak if hook is not None else None)
     return result.pooch, result, peaks
+
+
+def _device(link, gpu) -> tuple:
+    """(device, synchronize or None, pool peak hook or None): the CuPy device throttled to
+    ``link`` (None: the GPU's own) where ``gpu`` is the cupy module, else the CPU device."""
+    from pooch_ext.hooks.cpu_device import CpuDevice
+    from pooch_ext.hooks.device import CupyDevice
+    from pooch_ext.hooks.pool_peak import pool_peak_hook
+
+    if gpu is None:
+        return CpuDevice(link=link), None, None
+    return CupyDevice(throttle=link), gpu.cuda.Device().synchronize, pool_peak_hook(gpu)
 
 
 def _links(device: str) -> tuple[dict, object]:
@@ -172,6 +180,8 @@ def main(argv: list[str] | None = None) -> int:
             cells += [(net, make, batches, link_name, link, fraction,
                        budget_between(probe.profile, fraction), low, high)
                       for fraction in fractions]
+            del probe
+            _clean(gpu)
     rows = []
     for repeat in range(repeats):       # repeats interleaved: a slow spell hits every cell
         for net, make, batches, link_name, link, fraction, budget, low, high in cells:
@@ -187,6 +197,9 @@ def main(argv: list[str] | None = None) -> int:
                     row.update(status=f"{type(result.error).__name__}: {result.error}"
                                if result.error else "no plan")
                     rows.append(row)
+                    _say_unexpected(result.error, row)
+                    del pooch, result, peaks
+                    _clean(gpu)
                     continue
                 planned = pooch.iterations.iloc[args.profile_iters:]
                 row.update(pooch_predicted_s=_pooch_on(pooch.profile, budget, plan))
@@ -199,6 +212,8 @@ def main(argv: list[str] | None = None) -> int:
                                           else int(planned.peak_bytes.max())),
                            overruns=len(pooch.overruns))
                 rows.append(row)
+                del pooch, result, peaks, planned, plan
+                _clean(gpu)
     bar.close()
     frame = pd.DataFrame(rows)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -208,6 +223,34 @@ def main(argv: list[str] | None = None) -> int:
 
 
 KEYS = ["network", "link", "policy", "fraction"]
+
+
+def _clean(gpu) -> None:
+    """Between runs on a GPU: the last run's arrays out of the pool (its cyclic garbage
+    collected, its cached blocks handed back), so the next run's pool limit and peak count
+    that run alone. A first GPU run of this script held the previous run while the next ran:
+    measured peaks 2x the budget, and out-of-memory errors with 25 MB held under a 9 MB limit."""
+    if gpu is None:
+        return
+    import gc
+    gc.collect()
+    gpu.cuda.Device().synchronize()
+    gpu.get_default_memory_pool().free_all_blocks()
+
+
+def _say_unexpected(error: BaseException | None, row: dict) -> None:
+    """A failure that is not a PoocH refusal gets its traceback in the log (the CSV keeps one
+    line)."""
+    import traceback
+
+    from tqdm import tqdm
+
+    from pooch_ext.errors import PoochError
+
+    if error is None or isinstance(error, PoochError):
+        return
+    where = ", ".join(f"{key} {row[key]}" for key in KEYS)
+    tqdm.write(f"{where}: " + "".join(traceback.format_exception(error)).rstrip(), file=sys.stderr)
 
 
 def _pooch_on(profile, budget: int, plan) -> float:
@@ -222,12 +265,21 @@ def _pooch_on(profile, budget: int, plan) -> float:
     return pooch.iteration_time_s if pooch.feasible else float("nan")
 
 
+FIGURES = ("predicted_s", "measured_s", "predicted_peak", "measured_peak")
+
+
+def _with_figures(frame):
+    """The frame with every figure column, empty where no run of it was ok."""
+    return frame.reindex(columns=list(dict.fromkeys([*frame.columns, *FIGURES])))
+
+
 def cells_of(frame):
     """One row per cell that planned and ran in every run: the medians of its runs, the
     budget, how many runs and the spread of their measured times (max / min - 1)."""
+    frame = _with_figures(frame)
     cell = frame.set_index(KEYS).index
+    columns = list(FIGURES)
     ok = frame[(frame.status == "ok") & ~cell.isin(cell[frame.status != "ok"])]
-    columns = ["predicted_s", "measured_s", "predicted_peak", "measured_peak"]
     if "pooch_predicted_s" in ok:
         ok = ok.assign(over_pooch=ok.predicted_s / ok.pooch_predicted_s)
         columns.append("over_pooch")
@@ -244,6 +296,7 @@ def cells_of(frame):
 
 def report(frame, out: Path) -> None:
     """Errors against the targets, budget overruns, the measured ordering and the plot."""
+    frame = _with_figures(frame)
     ok = cells_of(frame)
     _plot(ok, out / "fidelity.png")
     n_cells = len(frame.drop_duplicates(KEYS))

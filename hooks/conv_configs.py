@@ -36,7 +36,7 @@ from pooch_ext.analytic.costmodel import column_bytes
 from pooch_ext.analytic.splits import most_pieces, piece_counts
 from pooch_ext.hooks import split_conv, split_conv_nd, split_exact
 from pooch_ext.hooks.chainer_refs import original_compute_core
-from pooch_ext.hooks.device import pool_peak_hook
+from pooch_ext.hooks.pool_peak import pool_peak_hook
 
 Layout = tuple        # (shape, strides, dtype string), split_exact.layout
 MEASURED_FACTOR = 4   # piece counts measured: every fourth power of two (analytic: every one)

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import gc
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -39,6 +40,7 @@ import numpy as np
 import pooch_ext  # noqa: F401  (chainer import compat)
 
 from pooch_ext.errors import DeviceOutOfMemoryError, PoochError  # noqa: F401  (importable here)
+from pooch_ext.hooks.pool_peak import pool_peak_hook
 from pooch_ext.hooks.model_state import resident_bytes
 from pooch_ext.hooks.linkemu import CopyThrottle
 from pooch_ext.links import Link, get_link
@@ -224,7 +226,11 @@ class CupyDevice:
         self.budget: int | None = None
         self._old_limit: int | None = None
         self.resident = 0
-        self.peak = 0
+        self._boundary_peak = 0
+        # the pool's peak inside ops too (im2col columns, temporaries): entered at the first
+        # reset_peak, left at restore; op boundaries alone saw 16.4 MiB of a 46.8 MiB plan
+        self._pool_peak = pool_peak_hook(cupy)
+        self._hooked = False
         self.listener = None
 
     @property
@@ -238,14 +244,23 @@ class CupyDevice:
         return int(free + self.pool.total_bytes())
 
     def set_budget(self, budget: int | None) -> None:
+        """The pool's limit, set on a pool rid of earlier work's garbage and cached blocks:
+        the limit counts everything the pool holds (on the first GPU run of fidelity.py an
+        earlier run's arrays still held put 25 MB under a 9 MB limit)."""
+        gc.collect()
+        self.cupy.cuda.Device().synchronize()
+        self.pool.free_all_blocks()
         if self._old_limit is None:
             self._old_limit = int(self.pool.get_limit())
         self.budget = None if budget is None else int(budget)
         self.pool.set_limit(size=0 if budget is None else int(budget))
 
     def restore(self) -> None:
-        """Give the pool its previous limit back and wait for every copy."""
+        """Give the pool its previous limit back, leave the peak hook, wait for every copy."""
         self.synchronize()
+        if self._hooked:
+            self._pool_peak.__exit__(None, None, None)
+            self._hooked = False
         if self._old_limit is not None:
             self.pool.set_limit(size=self._old_limit)
             self._old_limit = None
@@ -265,14 +280,22 @@ class CupyDevice:
     def used_bytes(self) -> int:
         return int(self.pool.used_bytes())
 
+    @property
+    def peak(self) -> int:
+        """The pool's highest used bytes since ``reset_peak()``: after any allocation once
+        the hook is entered, else at the op boundaries ``check`` saw."""
+        return max(self._boundary_peak, self._pool_peak.peak if self._hooked else 0)
+
     def reset_peak(self) -> None:
-        self.peak = self.used_bytes()
+        if not self._hooked:
+            self._pool_peak.__enter__()
+            self._hooked = True
+        self._pool_peak.reset()
+        self._boundary_peak = self.used_bytes()
 
     def check(self, where: str = "", index: int | None = None, function: Any = None) -> None:
         """Record the peak (the pool itself raises OutOfMemoryError over its limit)."""
-        used = int(self.pool.used_bytes())
-        if used > self.peak:
-            self.peak = used
+        self._boundary_peak = max(self._boundary_peak, int(self.pool.used_bytes()))
 
     # ------------------------------------------------------------ copies
     def _event(self, stream, timing: bool = False):
@@ -381,35 +404,6 @@ def round_trip(device: Any, array: Any) -> tuple[float | None, float | None, Any
     out_s, in_s = device.transfer_seconds(transfer)
     device.discard(transfer)
     return out_s, in_s, back
-
-
-def pool_peak_hook(cupy: Any) -> Any:
-    """A CuPy memory hook that keeps the default pool's highest ``used_bytes`` (``peak``) and
-    ``total_bytes`` (``total_peak``: used plus cached and split-off free blocks, what
-    ``set_limit`` bounds) while it is entered (``with hook:``): the real peaks, inside ops too
-    (im2col columns, temporaries), where ``CupyDevice.check`` only looks at op boundaries.
-    ``reset()`` starts a new window."""
-    pool = cupy.get_default_memory_pool()
-
-    class PoolPeak(cupy.cuda.MemoryHook):
-        name = "PoochPoolPeak"
-
-        def __init__(self) -> None:
-            self.reset()
-
-        def reset(self) -> None:
-            self.peak = int(pool.used_bytes())
-            self.total_peak = int(pool.total_bytes())
-
-        def malloc_postprocess(self, **kwargs: Any) -> None:
-            used = pool.used_bytes()
-            if used > self.peak:
-                self.peak = int(used)
-            total = pool.total_bytes()
-            if total > self.total_peak:
-                self.total_peak = int(total)
-
-    return PoolPeak()
 
 
 def array_is_on_gpu(array: Any) -> bool:

@@ -200,7 +200,7 @@ def test_throttled_copies_take_the_emulated_links_time_and_stay_exact(cupy, devi
 
 
 def test_the_pool_peak_hook_sees_temporaries_inside_an_op(cupy):
-    from pooch_ext.hooks.device import pool_peak_hook
+    from pooch_ext.hooks.pool_peak import pool_peak_hook
 
     hook = pool_peak_hook(cupy)
     with hook:

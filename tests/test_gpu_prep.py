@@ -18,6 +18,7 @@ import pytest
 
 from pooch_ext.hooks import linkemu
 from pooch_ext.hooks.device import CupyDevice, HostSimDevice, dense_layout, round_trip
+from pooch_ext.hooks.pool_peak import pool_peak_hook
 from pooch_ext.links import get_link
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -143,7 +144,8 @@ class _FakeCupy:
         self.current.append(compute)
         streams = iter(("d2h", "h2d"))
         pool = SimpleNamespace(get_limit=lambda: 0, set_limit=lambda size: None,
-                               used_bytes=lambda: 0, total_bytes=lambda: 0)
+                               used_bytes=lambda: self.used, total_bytes=lambda: self.used,
+                               free_all_blocks=lambda: None)
         fake = self
 
         class Event:
@@ -159,14 +161,35 @@ class _FakeCupy:
         def alloc(nbytes):
             return SimpleNamespace(buf=bytearray(nbytes))
 
+        class MemoryHook:
+            """CuPy's rule: entered hooks are keyed by ``name``; a second of one name fails."""
+            name = "MemoryHook"
+
+            def __enter__(self):
+                if self.name in fake.hooks:
+                    raise KeyError(f"memory hook {self.name} already exists")
+                fake.hooks[self.name] = self
+                return self
+
+            def __exit__(self, *exc):
+                del fake.hooks[self.name]
+
         self.cuda = SimpleNamespace(
-            Device=lambda: SimpleNamespace(id=0),
+            Device=lambda: SimpleNamespace(id=0, synchronize=lambda: None),
             runtime=SimpleNamespace(getDeviceProperties=lambda i: {"name": b"fake GPU"},
                                     memGetInfo=lambda: (1 << 30, 1 << 30)),
             Stream=lambda non_blocking, priority=None: _Stream(self, next(streams)),
             Event=Event, get_current_stream=lambda: self.current[-1],
-            alloc_pinned_memory=lambda n: bytearray(n), alloc=alloc)
+            alloc_pinned_memory=lambda n: bytearray(n), alloc=alloc, MemoryHook=MemoryHook)
         self.get_default_memory_pool = lambda: pool
+        self.hooks: dict = {}
+        self.used = 0
+
+    def malloc(self, nbytes):
+        """An allocation as CuPy reports it to the entered hooks."""
+        self.used += nbytes
+        for hook in list(self.hooks.values()):
+            hook.malloc_postprocess(size=nbytes)
 
     def zeros(self, n, dtype):
         return _DevArray(np.zeros(n, dtype), self.log)
@@ -213,6 +236,51 @@ def test_a_transposed_map_comes_back_with_its_strides_and_bytes_without_a_relayo
     sliced = np.arange(60, dtype=np.float32).reshape(6, 10)[:, :4]
     transfer, back = _round_trip(device, _DevArray(sliced, fake_cupy.log))
     assert device.relayouts == 1 and np.array_equal(back.a, sliced) and back.a.flags.c_contiguous
+
+
+def test_pool_peak_hooks_nest_as_a_run_around_the_split_measurement_needs(fake_cupy):
+    """A run's pool hook stays entered while conv_configs measures a split's scratch with its
+    own: CuPy refuses a second hook of one name, which failed every budgeted run on the
+    first GPU that measured splits on demand (2026-11-27, H200)."""
+    from pooch_ext.hooks.conv_configs import PoolCounter
+    run_hook, counter = pool_peak_hook(fake_cupy), PoolCounter(fake_cupy)
+    with run_hook:
+        fake_cupy.malloc(100)
+        with counter.hook:
+            counter.reset_peak()
+            fake_cupy.malloc(50)
+        fake_cupy.malloc(10)
+    assert (run_hook.peak, counter.peak()) == (160, 150)
+    assert not fake_cupy.hooks
+
+
+def test_the_cupy_device_peak_counts_what_an_op_held_between_boundaries(fake_cupy):
+    """On the first GPU run of the demo the op-boundary peak said 16.4 MiB for a plan whose
+    im2col columns made it 46.8 MiB: the device's peak is the pool's, inside ops too."""
+    device = CupyDevice()
+    fake_cupy.malloc(30)
+    device.reset_peak()
+    assert device.peak == 30 and len(fake_cupy.hooks) == 1
+    fake_cupy.malloc(100)               # an op's scratch ...
+    fake_cupy.used -= 100               # ... freed before its end
+    device.check("after the op")
+    assert device.peak == 130
+    device.reset_peak()
+    assert device.peak == 30
+    device.restore()
+    assert not fake_cupy.hooks and device.peak == 30
+
+
+def test_fidelity_builds_the_cupy_device_for_the_gpu_own_link_and_the_cpu_device_else(
+        fake_cupy):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
+    import fidelity
+    from pooch_ext.hooks.cpu_device import CpuDevice
+    device, sync, hook = fidelity._device(None, fake_cupy)
+    assert isinstance(device, CupyDevice) and device.throttle is None and hook is not None
+    device, sync, hook = fidelity._device("cpu", None)
+    assert isinstance(device, CpuDevice) and (sync, hook) == (None, None)
+    device.restore()
 
 
 def test_throttled_copies_are_bracketed_by_the_stamp_and_hold_kernels(fake_cupy):

@@ -8,7 +8,8 @@
 #    offline into /tmp/pooch-site (pip --no-index --no-deps --target; PYTHONPATH), without
 #    touching the machine's own packages (NumPy 2, CuPy 14, pandas, matplotlib, ...);
 # 2. prints the versions and the GPU;
-# 3. runs the GPU tests (pytest -m gpu);
+# 3. runs the GPU tests (pytest -m gpu), then make demo's script on the GPU and
+#    experiments/fidelity.py --device cupy (POOCH_SKIP_DEMO=1, POOCH_SKIP_FIDELITY=1 skip them);
 # 4. runs experiments/gpu/measure.py (profiles, link emulation, runs at budgets, fidelity);
 # 5. packs OUT for the trip back (at most 8 files, two folders deep): results.tar.gz holding
 #    everything, plus runs.csv, targets.csv, profiles.csv, link.csv and the three logs.
@@ -88,9 +89,36 @@ else
     stamp "pytest -m gpu (limit ${T}s)"
     # only the modules that hold GPU tests: collecting the whole suite costs seconds
     mapfile -t GPU_TESTS < <(grep -l "mark.gpu" tests/test_*.py)
-    timeout --kill-after=10 "$T" "$PY" -P -m pytest -q -m gpu "${GPU_TESTS[@]}" \
+    # -o pythonpath=: pytest.ini puts the checkout first, whose pooch_ext has no hooks/ (only
+    # an install maps hooks/ to pooch_ext.hooks): the installed package first, the checkout
+    # after it (tests import helpers as tests.test_inplace)
+    PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$PWD" timeout --kill-after=10 "$T" "$PY" -P -m pytest -q -o pythonpath= \
+        -m gpu "${GPU_TESTS[@]}" \
         > "$WORK/pytest-gpu.log" 2>&1
     stamp "pytest exit $? ($(tail -1 "$WORK/pytest-gpu.log"))"
+fi
+
+# 3b. the main job on the GPU: make demo's script (plain Chainer and PoocH side by side) --------
+if [ "${POOCH_SKIP_DEMO:-0}" != 1 ] && [ "$MODE" != --cpu ]; then
+    T=$(cap 90 240)
+    stamp "demo on the GPU (limit ${T}s)"
+    timeout --kill-after=10 "$T" "$PY" -P -m pooch_ext.demo --out "$WORK/demo" \
+        > "$WORK/demo.log" 2>&1
+    stamp "demo exit $? ($(tail -1 "$WORK/demo.log"))"
+fi
+
+# 3c. the simulator's fidelity on the CuPy device (experiments/fidelity.py --device cupy), ----
+# one network per call so a cut keeps the networks already measured
+if [ "${POOCH_SKIP_FIDELITY:-0}" != 1 ] && [ "$MODE" != --cpu ]; then
+    for NET in small-resnet branchy lstm; do
+        T=$(cap 70 200)
+        stamp "fidelity --device cupy --network $NET (limit ${T}s)"
+        timeout --signal=INT --kill-after=10 "$T" "$PY" -P experiments/fidelity.py \
+            --device cupy --network "$NET" --repeats "${POOCH_FIDELITY_REPEATS:-1}" \
+            --out "$WORK/fidelity_$NET" > "$WORK/fidelity_$NET.log" 2>&1
+        stamp "fidelity $NET exit $?"
+        tail -25 "$WORK/fidelity_$NET.log"
+    done
 fi
 
 # 4. measurements --------------------------------------------------------------------------

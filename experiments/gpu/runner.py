@@ -22,8 +22,8 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from pooch_ext.errors import BudgetTooSmallError
-from pooch_ext.hooks.device import (DeviceOutOfMemoryError, EventTimer, HostSimDevice, WallTimer,
-                                    pool_peak_hook)
+from pooch_ext.hooks.device import DeviceOutOfMemoryError, EventTimer, HostSimDevice, WallTimer
+from pooch_ext.hooks.pool_peak import pool_peak_hook
 from pooch_ext.testing import model_state, synthetic_batches, train
 from pooch_ext.measure import setup_model
 from pooch_ext.models import default_input_size, default_n_classes

@@ -1,0 +1,36 @@
+"""The CuPy pool's real peaks: a memory hook that sees every allocation, inside ops too
+(im2col columns, temporaries), where op boundaries miss them. The CuPy device's peak, the
+split measurement's scratch counter (hooks/conv_configs.py) and the GPU experiments use it."""
+from __future__ import annotations
+
+from typing import Any
+
+
+def pool_peak_hook(cupy: Any) -> Any:
+    """A CuPy memory hook that keeps the default pool's highest ``used_bytes`` (``peak``) and
+    ``total_bytes`` (``total_peak``: used plus cached and split-off free blocks, what
+    ``set_limit`` bounds) while it is entered (``with hook:``): the real peaks, inside ops too
+    (im2col columns, temporaries), where ``CupyDevice.check`` only looks at op boundaries.
+    ``reset()`` starts a new window."""
+    pool = cupy.get_default_memory_pool()
+
+    class PoolPeak(cupy.cuda.MemoryHook):
+        def __init__(self) -> None:
+            # CuPy keys entered hooks by name: one per instance, so hooks nest (a run's peak
+            # around the split measurement's scratch counter)
+            self.name = f"PoochPoolPeak-{id(self):x}"
+            self.reset()
+
+        def reset(self) -> None:
+            self.peak = int(pool.used_bytes())
+            self.total_peak = int(pool.total_bytes())
+
+        def malloc_postprocess(self, **kwargs: Any) -> None:
+            used = pool.used_bytes()
+            if used > self.peak:
+                self.peak = int(used)
+            total = pool.total_bytes()
+            if total > self.total_peak:
+                self.total_peak = int(total)
+
+    return PoolPeak()
