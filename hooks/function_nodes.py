@@ -94,6 +94,8 @@ def misses_saved(function: Any) -> bool:
 
     if getattr(function, SPENT, False):
         return True
+    if function.inputs is None:     # its forward raised or ran without a graph: no backward
+        return False
     inputs, outputs = retained_indexes(function)
     if any(node_array(function.inputs[i]) is None for i in inputs):
         return True

@@ -218,6 +218,66 @@ def test_9_a_refusal_puts_back_gradients_the_user_set():
             assert grad_of(p) is not None and np.array_equal(grad_of(p), before[name]), name
 
 
+class _OutOfMemoryInside(chainer.FunctionNode):
+    """An op that fails inside its forward, as an allocation does on a GPU's full pool."""
+
+    def forward(self, inputs):
+        raise MemoryError("out of memory inside the op")
+
+
+class _FailsInBackward(chainer.FunctionNode):
+    """An op whose backward applies one that fails (as a split convolution's backward applies
+    its input-gradient node)."""
+
+    def forward(self, inputs):
+        return inputs[0].copy(),
+
+    def backward(self, indexes, grad_outputs):
+        return _OutOfMemoryInside().apply(grad_outputs)
+
+
+@pytest.mark.parametrize("failing_iteration, where", [(0, _OutOfMemoryInside),
+                                                      (3, _FailsInBackward)])
+def test_an_error_inside_an_op_leaves_the_block_as_itself(failing_iteration, where):
+    """A node whose forward raised has no inputs yet: leaving PoocH looked at it and raised
+    a TypeError of its own instead (on the first GPU that enforced a pool limit, from an
+    input-gradient node of a split convolution's backward)."""
+    model = BranchyNet()
+    optimizer = make_optimizer(model)
+    data = batches(failing_iteration + 1)
+    with pytest.raises(MemoryError, match="inside the op"):
+        with PoocH(model, profile_iters=2, verbose=False):
+            for i, (x, t) in enumerate(data):
+                h = model(x)
+                if i == failing_iteration:
+                    h, = where().apply((h,))
+                loss = F.softmax_cross_entropy(h, t)
+                model.cleargrads()
+                loss.backward()
+                optimizer.update()
+
+
+def test_leaving_pooch_passes_over_a_node_without_a_graph():
+    """A node that retains its inputs but has none (its forward ran without a graph, or
+    raised before Chainer set them): guard_spent read ``inputs[i]`` of None (the TypeError
+    that hid a GPU's out-of-memory error)."""
+    import weakref
+
+    from pooch_ext.hooks.ended_graphs import guard_spent
+    from pooch_ext.hooks.function_nodes import misses_saved
+    from pooch_ext.hooks.chainer_refs import retained_indexes
+    from chainer.functions.connection.convolution_2d import Convolution2DFunction
+
+    node = Convolution2DFunction()
+    x, W = np.ones((1, 1, 3, 3), np.float32), np.ones((1, 1, 2, 2), np.float32)
+    with chainer.no_backprop_mode():
+        node.apply((x, W))
+    assert node.inputs is None and retained_indexes(node)[0]
+    assert not misses_saved(node)
+    guard_spent([weakref.ref(node)])
+    assert "backward" not in vars(node)
+
+
 # ---------------------------------------------------------------- 11: nesting
 
 def test_11_nested_pooch_is_refused_with_one_sentence():
