@@ -61,6 +61,11 @@ PRIVATE_NAMES: tuple[tuple[str, str | None, str], ...] = (
     *((module, cls, core) for module, cls in _SPLIT_FUNCTIONS for core in _COMPUTE_CORES),
     *((module, cls, _ND_CORE) for module, cls in _SPLIT_ND_FUNCTIONS),
     ("chainer", None, "_get_link_hooks"),
+    # what a deconvolution's forward sets before its core runs (split exactness keys)
+    ("chainer.functions.connection.deconvolution_2d", "Deconvolution2DFunction",
+     "_calc_out_size"),
+    ("chainer.functions.connection.deconvolution_2d", "Deconvolution2DFunction",
+     "_set_cover_all"),
 )
 
 
@@ -324,3 +329,14 @@ def original_compute_core(function: Any, xp: ModuleType) -> Callable:
         return functools.partial(getattr(cls, _ND_CORE), function, xp=xp)
     cpu, gpu = _COMPUTE_CORES
     return MethodType(getattr(cls, cpu if xp.__name__ == "numpy" else gpu), function)
+
+
+def deconvolution_as_its_forward_sets(node: Any, x_shape: tuple, w_shape: tuple,
+                                      gpu: bool) -> None:
+    """Give a Deconvolution2DFunction that has not run the attributes its forward sets before
+    the core: the output size, and on a GPU ``cover_all`` (forward_gpu sets it there,
+    forward_cpu only in backward). A split's exactness check is keyed by them: measured
+    without ``cover_all``, every planned input gradient on the GPU probed inside the op."""
+    node._calc_out_size(x_shape, w_shape)
+    if gpu:
+        node._set_cover_all(x_shape, w_shape)

@@ -35,7 +35,7 @@ from chainer.functions.connection.deconvolution_nd import DeconvolutionND
 from pooch_ext.analytic.costmodel import column_bytes
 from pooch_ext.analytic.splits import most_pieces, piece_counts
 from pooch_ext.hooks import split_conv, split_conv_nd, split_exact
-from pooch_ext.hooks.chainer_refs import original_compute_core
+from pooch_ext.hooks.chainer_refs import deconvolution_as_its_forward_sets, original_compute_core
 from pooch_ext.hooks.pool_peak import pool_peak_hook
 
 Layout = tuple        # (shape, strides, dtype string), split_exact.layout
@@ -147,7 +147,7 @@ def measure(call: ConvCall, xp: Any, counter: Any = None, repeats: int = 2,
     x_back = [split_exact.probe(xp, layout, 1) for layout in split_exact.restored_layouts(call.x)]
     forward_core, input_core, weight_core = cores
     if not call.nd:
-        deconv._calc_out_size(gy.shape, W.shape)
+        deconvolution_as_its_forward_sets(deconv, gy.shape, W.shape, gpu=xp is not numpy)
 
     def forward(pieces: int) -> Callable[[], Any]:
         def run() -> Any:

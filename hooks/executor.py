@@ -311,18 +311,18 @@ class Executor(GraphRecorder):
             if reason and not self._switch(index, name):
                 self._deviate(reason)
         self._run_until(index)
-        pieces, checked = None, True
+        # split where measured exact only: an in-op probe's scratch is in no plan (H200 OOM)
+        pieces = None
         if self.mode == SCHEDULED:
             pieces = self.program.splits.get(index)
         elif self.mode == ON_DEMAND and self.on_demand_split is not None:
-            # its exactness was checked beforehand, outside the op's measurement
-            pieces, checked = self.on_demand_split(function, self._in_data), KNOWN
+            pieces = self.on_demand_split(function, self._in_data)
         if self.mode == SCHEDULED and index in self.program.inplace:
             self._write_over_input(index, function)
         if pieces is not None:
             # the node's backward runs in its pieces too: split installs both on it here
             forward, backward = pieces
-            split(function, ConvSplit(forward, backward, backward), checked)
+            split(function, ConvSplit(forward, backward, backward), KNOWN)
             self.stats.splits[index] = (forward, backward)
         if self.mode == ON_DEMAND:
             self.on_demand.release_unreferenced()

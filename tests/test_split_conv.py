@@ -107,6 +107,29 @@ def test_a_part_that_is_not_bit_identical_is_run_whole(monkeypatch):
     assert not np.array_equal(unchecked[2], whole[2])
 
 
+@pytest.mark.parametrize("gpu", [False, True])
+def test_a_measured_input_gradient_node_is_keyed_as_its_forward_will_find_it(gpu):
+    """The measurement runs a Deconvolution2DFunction's core without its forward, so it sets
+    what that forward sets first: forward_gpu sets cover_all, forward_cpu does not. Keyed
+    without it, every planned input gradient on an H200 probed its exactness inside the op
+    (probes and the whole op's scratch): out of the pool at 20 MB of a 20 MB budget."""
+    import inspect
+
+    from chainer.functions.connection.deconvolution_2d import Deconvolution2DFunction
+    from pooch_ext.hooks.chainer_refs import deconvolution_as_its_forward_sets
+
+    forward = inspect.getsource(getattr(Deconvolution2DFunction,
+                                        "forward_gpu" if gpu else "forward_cpu"))
+    sets_cover_all = "self._set_cover_all(" in forward
+    assert sets_cover_all == gpu
+    if gpu:
+        assert forward.index("_set_cover_all(") < forward.index("_forward_gpu_core(")
+    node = Deconvolution2DFunction(stride=1, pad=1, outsize=(8, 8))
+    deconvolution_as_its_forward_sets(node, (2, 4, 8, 8), (4, 3, 3, 3), gpu=gpu)
+    assert (node.outh, node.outw) == (8, 8)
+    assert node.cover_all is (False if gpu else None)
+
+
 def test_only_plain_convolutions_are_split():
     x = chainer.Variable(np.ones((2, 4, 6, 6), np.float32))
     W = chainer.Variable(np.ones((4, 2, 3, 3), np.float32))

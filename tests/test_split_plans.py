@@ -175,6 +175,41 @@ def test_measuring_configurations_leaves_no_exactness_check_for_the_run(monkeypa
     assert split_exact._EXACT == checked
 
 
+def test_a_planned_split_whose_check_the_measurement_missed_runs_whole_without_probing(
+        monkeypatch):
+    """On a GPU the measurement keyed input gradients without the cover_all their forward
+    sets, so every planned one probed its exactness inside the op (its whole scratch and
+    the probes, in no plan): the pool ran out. A planned op now splits only where a check is
+    known and otherwise runs whole, as Chainer does; the keys diverge here as they did there."""
+    import traceback
+
+    from pooch_ext.hooks import conv_configs, split_exact
+
+    forward_sets = conv_configs.deconvolution_as_its_forward_sets
+
+    def keyed_apart(node, x_shape, w_shape, gpu):
+        forward_sets(node, x_shape, w_shape, gpu)
+        node.cover_all = False          # what forward_gpu sets; the CPU's forward leaves None
+
+    monkeypatch.setattr(conv_configs, "deconvolution_as_its_forward_sets", keyed_apart)
+    monkeypatch.setattr(split_exact, "_EXACT", {})
+    in_op = []
+    real = split_exact._same_on_probes
+
+    def spy(*args):
+        if not any("conv_configs" in f.filename for f in traceback.extract_stack()):
+            in_op.append(type(args[0]).__name__)
+        return real(*args)
+
+    monkeypatch.setattr(split_exact, "_same_on_probes", spy)
+    runs = where_only_splits_fit(
+        lambda pooch: trained(ConvNet, synthetic_batches(6, 8, (3, 32, 32), 5), pooch))
+    assert runs.tight.error is None and runs.tight.pooch.runtime.history[-1].splits
+    assert runs.tight.losses == runs.plain.losses
+    assert states_equal(runs.tight_state, runs.plain_state)
+    assert in_op == []
+
+
 def test_a_device_that_cannot_count_does_not_answer_for_one_that_can(monkeypatch):
     """Found by CI's test order: a CPU device without its allocator (``measure=False``)
     measured a convolution first, and its empty answer, remembered per device kind, took
