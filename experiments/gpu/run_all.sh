@@ -121,6 +121,16 @@ if [ "${POOCH_SKIP_FIDELITY:-0}" != 1 ] && [ "$MODE" != --cpu ]; then
     done
 fi
 
+# 3d. split exactness keys: a planned op that probes its split's exactness inside the op (a key
+# the measurement missed, as cover_all did on the first H200) holds memory no plan counts
+if [ "${POOCH_SKIP_FIDELITY:-0}" != 1 ] && [ "$MODE" != --cpu ]; then
+    T=$(cap 40 150)
+    stamp "diagnose_split_keys --gpu (limit ${T}s)"
+    timeout --kill-after=10 "$T" "$PY" -P experiments/gpu/diagnose_split_keys.py --gpu \
+        > "$WORK/split_keys.log" 2>&1
+    stamp "split keys exit $? ($(grep -m1 "exactness checks" "$WORK/split_keys.log"))"
+fi
+
 # 4. measurements --------------------------------------------------------------------------
 T=$(cap 600 45)
 EXTRA=()
