@@ -1,0 +1,94 @@
+"""Per iteration of a recorded CuPy malloc/free log: the bytes held at most, what CuPy's pool
+takes for the same requests (its total, which ``set_limit`` bounds) and what one arena with
+offsets planned from the blocks' lifetimes would take (pooch_ext/placement.py).
+
+    python experiments/gpu/pool_strategies.py results/demo/allocations.csv [--limit BYTES]
+
+Each iteration starts from a compact pool holding the blocks the log shows live at its start
+(allocated first, in their order), so one iteration's fragmentation is measured apart from
+the last one's. Blocks held before the log began are not in it (parameters, data): the
+figures are the log's own bytes. ``--limit`` also says whether CuPy's pool would have run out
+of memory under that limit, counting the same bytes.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from pooch_ext.cupy_pool import PoolEmulator, PoolOutOfMemory  # noqa: E402
+from pooch_ext.placement import Block, peak_held, plan_offsets  # noqa: E402
+
+MIB = 2 ** 20
+
+
+def iteration_blocks(log: pd.DataFrame, iteration: int) -> tuple[list[Block], list[tuple]]:
+    """(the iteration's blocks with their lifetimes in event indices, its events as
+    ``(kind, bytes, key)`` after the blocks live at its start, which come first as mallocs)."""
+    live: dict = {}
+    for row in log[log.iteration < iteration].itertuples():
+        if row.kind == "malloc":
+            live[row.key] = row.bytes
+        else:
+            live.pop(row.key, None)
+    events = [("malloc", nbytes, key) for key, nbytes in live.items()]
+    events += [(row.kind, row.bytes, row.key)
+               for row in log[log.iteration == iteration].itertuples()]
+    opened: dict = {}
+    blocks = []
+    for index, (kind, nbytes, key) in enumerate(events):
+        if kind == "malloc":
+            opened[key] = (nbytes, index)
+        elif key in opened:
+            nbytes, start = opened.pop(key)
+            blocks.append(Block(nbytes, start, index))
+    blocks += [Block(nbytes, start, len(events)) for nbytes, start in opened.values()]
+    return blocks, events
+
+
+def pool_total(events: list[tuple], limit: int = 0) -> tuple[int, int | None]:
+    """(CuPy's pool total at its peak, the index of the event that ran out under ``limit``
+    or None) for these events from an empty pool."""
+    pool, address = PoolEmulator(limit), {}
+    for index, (kind, nbytes, key) in enumerate(events):
+        try:
+            if kind == "malloc":
+                address[key] = pool.malloc(nbytes)
+            elif key in address:
+                pool.free(address.pop(key))
+        except PoolOutOfMemory:
+            return pool.total_peak, index
+    return pool.total_peak, None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("log", type=Path, help="an allocations.csv (PoocH's profiled "
+                                               "iterations on a GPU)")
+    parser.add_argument("--limit", type=int, default=0, help="a pool limit in bytes to try")
+    args = parser.parse_args(argv)
+    if not args.log.is_file():
+        parser.error(f"no such file: {args.log}")
+    log = pd.read_csv(args.log)
+    print("| iteration | held at most (MiB) | CuPy's pool (MiB) | planned arena (MiB) |"
+          + (" CuPy under the limit |" if args.limit else ""))
+    print("|---|---|---|---|" + ("---|" if args.limit else ""))
+    for iteration in sorted(log.iteration.unique()):
+        blocks, events = iteration_blocks(log, iteration)
+        held, (_, extent) = peak_held(blocks), plan_offsets(blocks)
+        total, _ = pool_total(events)
+        cells = [f"{iteration}", f"{held / MIB:.1f}", f"{total / MIB:.1f} ({total / held:.2f}x)",
+                 f"{extent / MIB:.1f} ({extent / held:.2f}x)"]
+        if args.limit:
+            _, oom = pool_total(events, args.limit)
+            cells.append("fits" if oom is None else f"out of memory at event {oom}")
+        print("| " + " | ".join(cells) + " |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
