@@ -105,6 +105,9 @@ if [ "${POOCH_SKIP_DEMO:-0}" != 1 ] && [ "$MODE" != --cpu ]; then
     timeout --kill-after=10 "$T" "$PY" -P -m pooch_ext.demo --out "$WORK/demo" \
         > "$WORK/demo.log" 2>&1
     stamp "demo exit $? ($(tail -1 "$WORK/demo.log"))"
+    # the pool's fragmentation on the demo's own malloc/free log (offline, seconds)
+    [ -f "$WORK/demo/allocations.csv" ] && timeout 60 "$PY" -P experiments/gpu/pool_strategies.py \
+        "$WORK/demo/allocations.csv" > "$WORK/pool_strategies.txt" 2>&1 && cat "$WORK/pool_strategies.txt"
 fi
 
 # 3c. the simulator's fidelity on the CuPy device (experiments/fidelity.py --device cupy), ----
