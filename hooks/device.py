@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import gc
+import os
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -40,6 +41,7 @@ import numpy as np
 import pooch_ext  # noqa: F401  (chainer import compat)
 
 from pooch_ext.errors import DeviceOutOfMemoryError, PoochError  # noqa: F401  (importable here)
+from pooch_ext.hooks.arena import CupyArena
 from pooch_ext.hooks.pool_peak import pool_peak_hook
 from pooch_ext.hooks.model_state import resident_bytes
 from pooch_ext.hooks.linkemu import CopyThrottle
@@ -206,7 +208,7 @@ class CupyDevice:
     kind = "cuda"
 
     def __init__(self, link: Link | str | None = None,
-                 throttle: Link | str | None = None) -> None:
+                 throttle: Link | str | None = None, arena: bool | None = None) -> None:
         import cupy
 
         self.cupy = cupy
@@ -232,6 +234,8 @@ class CupyDevice:
         self._pool_peak = pool_peak_hook(cupy)
         self._hooked = False
         self.listener = None
+        on = os.environ.get("POOCH_GPU_ARENA") == "1" if arena is None else arena
+        self.arena = CupyArena(cupy, lambda: self.listener is not None) if on else None
 
     @property
     def xp(self) -> Any:
@@ -254,6 +258,8 @@ class CupyDevice:
             self._old_limit = int(self.pool.get_limit())
         self.budget = None if budget is None else int(budget)
         self.pool.set_limit(size=0 if budget is None else int(budget))
+        if self.arena is not None:
+            self.arena.install()
 
     def restore(self) -> None:
         """Give the pool its previous limit back, leave the peak hook, wait for every copy."""
@@ -261,6 +267,8 @@ class CupyDevice:
         if self._hooked:
             self._pool_peak.__exit__(None, None, None)
             self._hooked = False
+        if self.arena is not None:
+            self.arena.uninstall()
         if self._old_limit is not None:
             self.pool.set_limit(size=self._old_limit)
             self._old_limit = None
@@ -290,6 +298,8 @@ class CupyDevice:
         if not self._hooked:
             self._pool_peak.__enter__()
             self._hooked = True
+        if self.arena is not None:
+            self.arena.new_iteration()
         self._pool_peak.reset()
         self._boundary_peak = self.used_bytes()
 

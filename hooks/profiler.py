@@ -116,11 +116,10 @@ class Profiler:
         self._new_iteration()
         if executor.model is not None:
             self._model_ids = model_arrays(executor.model)
-        if executor.device.kind == "cuda":
+        if executor.device.kind == "cuda":         # (the CuPy device's arena pauses too)
             self._cupy_hook = cupy_memory_hook(self.log)
             self._cupy_hook.__enter__()
-        else:
-            executor.device.listener = self.log.record
+        executor.device.listener = self.log.record
 
     def detach(self) -> None:
         """Stop measuring: the executor runs on with nothing timed or logged."""

@@ -5,6 +5,7 @@ logic in its ``--cpu --tiny`` mode, through run_all.sh as the GPU session will c
 from __future__ import annotations
 
 import ctypes
+import itertools
 import os
 import subprocess
 import sys
@@ -142,7 +143,7 @@ class _FakeCupy:
         self.log, self.current = [], []
         compute = _Stream(self, "compute")
         self.current.append(compute)
-        streams = iter(("d2h", "h2d"))
+        streams = itertools.cycle(("d2h", "h2d"))      # two per device
         self.limit = 0
         pool = SimpleNamespace(get_limit=lambda: self.limit,
                                set_limit=lambda size: setattr(self, "limit", size),
@@ -182,7 +183,10 @@ class _FakeCupy:
                                     memGetInfo=lambda: (1 << 30, 1 << 30)),
             Stream=lambda non_blocking, priority=None: _Stream(self, next(streams)),
             Event=Event, get_current_stream=lambda: self.current[-1],
-            alloc_pinned_memory=lambda n: bytearray(n), alloc=alloc, MemoryHook=MemoryHook)
+            alloc_pinned_memory=lambda n: bytearray(n), alloc=alloc, MemoryHook=MemoryHook,
+            get_allocator=lambda: self.allocator,
+            set_allocator=lambda f: setattr(self, "allocator", f))
+        self.allocator = "the pool's"
         self.get_default_memory_pool = lambda: pool
         self.hooks: dict = {}
         self.used = 0
@@ -300,6 +304,21 @@ def test_a_split_measurement_runs_outside_the_budget_and_the_peak_on_the_gpu(fak
     assert seen == [0] and fake_cupy.limit == 1000
     assert device.peak == 300
     device.restore()
+
+
+def test_the_arena_is_opt_in_and_is_cupys_allocator_only_while_pooch_runs(fake_cupy,
+                                                                         monkeypatch):
+    monkeypatch.delenv("POOCH_GPU_ARENA", raising=False)
+    assert CupyDevice().arena is None
+    monkeypatch.setenv("POOCH_GPU_ARENA", "1")
+    device = CupyDevice()
+    assert device.arena is not None and CupyDevice(arena=False).arena is None
+    device.set_budget(1000)
+    assert fake_cupy.allocator == device.arena.malloc
+    device.reset_peak()                     # an iteration begins: the arena learns the last
+    assert device.arena.plan._last == []
+    device.restore()
+    assert fake_cupy.allocator == "the pool's"
 
 
 def test_fidelity_builds_the_cupy_device_for_the_gpu_own_link_and_the_cpu_device_else(

@@ -105,6 +105,11 @@ if [ "${POOCH_SKIP_DEMO:-0}" != 1 ] && [ "$MODE" != --cpu ]; then
     timeout --kill-after=10 "$T" "$PY" -P -m pooch_ext.demo --out "$WORK/demo" \
         > "$WORK/demo.log" 2>&1
     stamp "demo exit $? ($(tail -1 "$WORK/demo.log"))"
+    # the same with the experimental arena allocator (hooks/arena.py), side by side
+    T=$(cap 60 240)
+    POOCH_GPU_ARENA=1 timeout --kill-after=10 "$T" "$PY" -P -m pooch_ext.demo \
+        --out "$WORK/demo_arena" > "$WORK/demo_arena.log" 2>&1
+    stamp "demo with the arena exit $? ($(tail -1 "$WORK/demo_arena.log"))"
     # the pool's fragmentation on the demo's own malloc/free log (offline, seconds)
     [ -f "$WORK/demo/allocations.csv" ] && timeout 60 "$PY" -P experiments/gpu/pool_strategies.py \
         "$WORK/demo/allocations.csv" > "$WORK/pool_strategies.txt" 2>&1 && cat "$WORK/pool_strategies.txt"

@@ -1,0 +1,196 @@
+"""hooks/arena.py: an iteration's blocks at offsets planned from the two before it, never over
+a live block; the CuPy glue with a stand-in for CuPy's allocator API."""
+from __future__ import annotations
+
+import gc
+from types import SimpleNamespace
+
+import pytest
+
+from pooch_ext.hooks.arena import ArenaPlan, CupyArena
+from pooch_ext.placement import Block, peak_held, round_up
+
+# an iteration: a big block freed before a small one comes, then another big one (CuPy's
+# pool would split the first big chunk for the small one and need a second big one)
+SCRIPT = [("m", "x", 4096), ("m", "col", 8192), ("f", "col"), ("m", "y", 512),
+          ("m", "col2", 8192), ("f", "x"), ("f", "col2"), ("f", "y")]
+
+
+def iterate(plan: ArenaPlan, script: list, keep: set = frozenset(), held: dict | None = None
+            ) -> dict:
+    """Run ``script`` through ``plan``: name -> offset or None; ``keep`` are never released
+    (a user holding arrays), their tokens left in ``held``."""
+    tokens, offsets = {}, {}
+    for step in script:
+        if step[0] == "m":
+            tokens[step[1]], offsets[step[1]] = plan.request(step[2])
+        elif step[1] not in keep:
+            plan.released(tokens[step[1]])
+    if held is not None:
+        held.update({name: tokens[name] for name in keep})
+    plan.new_iteration()
+    return offsets
+
+
+def _check_no_overlap(script: list, offsets: dict) -> None:
+    live: dict = {}
+    sizes = {s[1]: round_up(s[2]) for s in script if s[0] == "m"}
+    for step in script:
+        name = step[1]
+        if step[0] == "f":
+            live.pop(name, None)
+            continue
+        if offsets[name] is None:
+            continue
+        low, high = offsets[name], offsets[name] + sizes[name]
+        assert all(not (a < high and low < b) for a, b in live.values()), name
+        live[name] = (low, high)
+
+
+def test_two_alike_iterations_plan_the_third_in_the_bytes_held():
+    plan = ArenaPlan()
+    assert iterate(plan, SCRIPT) == dict.fromkeys(["x", "col", "y", "col2"])
+    assert not plan.serving
+    iterate(plan, SCRIPT)
+    assert plan.serving
+    offsets = iterate(plan, SCRIPT)
+    assert None not in offsets.values()
+    _check_no_overlap(SCRIPT, offsets)
+    events = [Block(4096, 0, 6), Block(8192, 1, 3), Block(512, 4, 8), Block(8192, 5, 7)]
+    assert plan.extent == peak_held(events) == 4096 + 512 + 8192
+    assert iterate(plan, SCRIPT) == offsets              # and on, as planned
+
+
+def test_a_request_unlike_the_plan_and_all_after_it_go_to_the_pool():
+    plan = ArenaPlan()
+    iterate(plan, SCRIPT)
+    iterate(plan, SCRIPT)
+    other = [("m", "x", 4096), ("m", "z", 1024), ("f", "z"), ("m", "y", 512), ("f", "x"),
+             ("f", "y")]
+    offsets = iterate(plan, other)
+    assert offsets["x"] is not None and offsets["z"] is None and offsets["y"] is None
+    assert not plan.serving                  # learnt again: the next is not like this one
+    assert set(iterate(plan, SCRIPT).values()) == {None}
+
+
+def test_a_block_still_held_where_the_plan_puts_another_sends_that_one_to_the_pool():
+    """A user kept an array: its place is never handed out while it lives."""
+    plan = ArenaPlan()
+    iterate(plan, SCRIPT)
+    iterate(plan, SCRIPT)
+    held: dict = {}
+    first = iterate(plan, SCRIPT, keep={"x"}, held=held)     # x outlives the iteration
+    assert first["x"] is not None
+    second = iterate(plan, SCRIPT)
+    assert second["x"] is None                       # x's place is x's until it is freed
+    plan.released(held["x"])
+    gc.collect()
+    # a fresh plan is learnt from iterations without x held, then serves again
+    iterate(plan, SCRIPT)
+    assert plan.serving and None not in iterate(plan, SCRIPT).values()
+
+
+def test_a_block_that_outlives_every_iteration_is_left_to_the_pool_without_stopping_it():
+    script = SCRIPT + [("m", "loss", 512)]            # kept by the loop into the next one
+    plan = ArenaPlan()
+    held: dict = {}
+    for _ in range(2):
+        iterate(plan, script, keep={"loss"}, held=held)
+    offsets = iterate(plan, script, keep={"loss"}, held=held)
+    assert offsets["loss"] is None
+    assert all(offsets[name] is not None for name in ("x", "col", "y", "col2"))
+    assert plan.serving
+
+
+# ------------------------------------------------------------------ the CuPy glue
+
+class _FakeCuda:
+    """get/set_allocator, UnownedMemory, MemoryPointer and a pool handing out addresses."""
+
+    def __init__(self) -> None:
+        self.allocator = "default"
+        self.next_ptr = 1 << 20
+        self.pool_blocks: list = []
+        fake = self
+
+        self.limit = None
+
+        class Pool:
+            def malloc(self, nbytes):
+                if fake.limit is not None and nbytes > fake.limit:
+                    raise MemoryError("Out of memory allocating")
+                ptr, fake.next_ptr = fake.next_ptr, fake.next_ptr + round_up(nbytes) + 4096
+                block = SimpleNamespace(ptr=ptr, device_id=0, mem=SimpleNamespace(size=nbytes))
+                fake.pool_blocks.append(block)
+                return block
+        self.pool = Pool()
+        self.cuda = SimpleNamespace(
+            get_allocator=lambda: self.allocator,
+            set_allocator=lambda f: setattr(self, "allocator", f),
+            UnownedMemory=lambda ptr, size, owner, device_id: SimpleNamespace(
+                ptr=ptr, size=size, owner=owner),
+            MemoryPointer=lambda mem, offset: SimpleNamespace(mem=mem, ptr=mem.ptr + offset))
+        self.get_default_memory_pool = lambda: self.pool
+
+
+def run_script(arena: CupyArena, malloc=None) -> dict:
+    """One iteration of SCRIPT through ``malloc`` (default the arena's): name -> pointer."""
+    malloc = malloc or arena.malloc
+    arrays, ptrs = {}, {}
+    for step in SCRIPT:
+        if step[0] == "m":
+            arrays[step[1]] = malloc(step[2])
+            ptrs[step[1]] = arrays[step[1]].ptr
+        else:
+            del arrays[step[1]]
+            gc.collect()
+    arena.new_iteration()
+    return ptrs
+
+
+def test_cupy_arena_serves_views_of_one_pool_block_and_gives_the_allocator_back():
+    fake = _FakeCuda()
+    arena = CupyArena(fake)
+    arena.install()
+    assert fake.allocator == arena.malloc
+
+    run_script(arena, fake.allocator)
+    run_script(arena, fake.allocator)
+    blocks_before = len(fake.pool_blocks)
+    ptrs = run_script(arena, fake.allocator)
+    assert len(fake.pool_blocks) == blocks_before and arena.served == 4
+    base = arena.block.ptr
+    assert all(base <= p < base + arena.plan.extent for p in ptrs.values())
+    arena.uninstall()
+    assert fake.allocator == "default"
+
+
+@pytest.mark.parametrize("size", [1, 513])
+def test_cupy_arena_hands_out_what_was_asked(size):
+    fake = _FakeCuda()
+    arena = CupyArena(fake)
+    pointer = arena.malloc(size)
+    assert pointer.mem.size == size and arena.fallbacks == 1
+
+
+def test_while_a_profiler_counts_the_pools_blocks_nothing_is_served():
+    """A profiled iteration's memory is read from the pool's hooks, which an arena view
+    bypasses: paused, the arena only learns."""
+    fake = _FakeCuda()
+    profiling = [True]
+    arena = CupyArena(fake, paused=lambda: profiling[0])
+    for _ in range(3):
+        run_script(arena)
+    assert arena.served == 0
+    profiling[0] = False
+    run_script(arena)
+    assert arena.served == 4                 # learnt while paused, served once it is not
+
+
+def test_an_arena_the_pool_cannot_give_serves_nothing_and_training_goes_on():
+    fake = _FakeCuda()
+    fake.limit = 8192                  # less than the plan's extent (4096 + 512 + 8192)
+    arena = CupyArena(fake)
+    for _ in range(3):
+        run_script(arena)
+    assert arena.block is None and arena.served == 0 and arena.fallbacks == 12
