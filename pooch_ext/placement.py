@@ -6,7 +6,7 @@ log one iteration held 47.1 MiB at most and the pool took 67.3 MiB (``pooch_ext/
 Under a plan every iteration asks for the same blocks in the same order, so their places can
 be planned once, as static memory planners do ("greedy by size": the largest block first,
 each at the lowest offset free over its whole lifetime). The extent this gives is what an
-arena allocator would need; no arena uses it yet.
+arena allocator needs: hooks/arena.py (opt-in) places the CuPy device's blocks so.
 """
 from __future__ import annotations
 
