@@ -6,8 +6,10 @@ holds (the demo's H200 log, experiments/gpu/pool_strategies.py). Under a plan ev
 asks for the same blocks in the same order. Once two iterations in a row asked alike, their
 blocks get offsets in one arena block (pooch_ext/placement.py: the bytes held, no more), and
 later iterations are served there. A request that differs from the plan, or whose place
-still holds a live block (a user kept an array), goes to the pool instead, and the next
-iteration is learnt again: nothing is ever placed over a live block.
+still holds a live block (a user kept an array), goes to the pool instead, with the rest of
+its iteration: nothing is ever placed over a live block. The plan is kept (an evaluation or a
+short batch between planned iterations does not cost it); a new sequence asked twice in a row
+is planned anew.
 
 ``ArenaPlan`` is the logic (plain Python, tested on the CPU); ``CupyArena`` installs it as
 CuPy's allocator. Opt-in (``CupyDevice(arena=True)``, or ``POOCH_GPU_ARENA=1``): not yet run
@@ -25,8 +27,8 @@ class ArenaPlan:
     """Learns an iteration's requests and serves the next ones at planned offsets.
 
     ``request(nbytes)`` returns an offset in the arena, or None (take it from the pool); the
-    caller reports each block's end with ``released(token)``. ``new_iteration()`` compares
-    the iteration just ended with the one before and (re)plans when they asked alike."""
+    caller reports each block's end with ``released(token)``. ``new_iteration()`` plans
+    from the iteration just ended where it asked as the one before did, unlike the plan."""
 
     def __init__(self) -> None:
         self.offsets: list[int | None] = []     # per request of a planned iteration
@@ -70,10 +72,10 @@ class ArenaPlan:
             span[2] = self._next()
 
     def new_iteration(self) -> bool:
-        """End the iteration: plan from it where it asked as the one before did (and was not
-        served, or deviated); returns whether the next one is served from the arena."""
-        asked, steady = self._asked, self._asked == self._last and bool(self._asked)
-        if steady and (not self.serving or self._deviated):
+        """End the iteration: plan from it where it asked as the one before did and unlike
+        the plan; returns whether the next one is offered the arena (once there is a plan)."""
+        asked = self._asked
+        if asked and asked == self._last and asked != self.sizes:
             ended = [(k, start, end) for k, start, end in self._spans.values() if end >= 0]
             # blocks that outlive the iteration are left to the pool
             offsets, self.extent = plan_offsets([Block(asked[k], start, end)
@@ -81,7 +83,11 @@ class ArenaPlan:
             placed = {k: offset for (k, _, _), offset in zip(ended, offsets)}
             self.offsets = [placed.get(k) for k in range(len(asked))]
             self.sizes = list(asked)
-        self.serving = steady or (self.serving and not self._deviated)
+        # once planned, always offered: an iteration unlike the plan (an evaluation, a short
+        # batch) or one that finds a place still held goes to the pool from there on, and
+        # the plan is kept; re-planning is quadratic, and only a new sequence asked twice
+        # in a row gets it
+        self.serving = bool(self.sizes)
         self._last, self._asked, self._spans = asked, [], {}
         self._events, self._deviated = 0, False
         return self.serving

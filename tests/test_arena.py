@@ -69,8 +69,12 @@ def test_a_request_unlike_the_plan_and_all_after_it_go_to_the_pool():
              ("f", "y")]
     offsets = iterate(plan, other)
     assert offsets["x"] is not None and offsets["z"] is None and offsets["y"] is None
-    assert not plan.serving                  # learnt again: the next is not like this one
-    assert set(iterate(plan, SCRIPT).values()) == {None}
+    served = iterate(plan, SCRIPT)           # the plan is kept for iterations like it
+    assert None not in served.values()
+    iterate(plan, other)
+    iterate(plan, other)                     # a new sequence asked twice in a row: planned
+    assert None not in iterate(plan, other).values()
+    _check_no_overlap(other, iterate(plan, other))
 
 
 def test_a_block_still_held_where_the_plan_puts_another_sends_that_one_to_the_pool():
@@ -194,3 +198,27 @@ def test_an_arena_the_pool_cannot_give_serves_nothing_and_training_goes_on():
     for _ in range(3):
         run_script(arena)
     assert arena.block is None and arena.served == 0 and arena.fallbacks == 12
+
+
+
+def test_a_place_still_held_keeps_the_plan_and_alternating_loops_never_re_plan(monkeypatch):
+    """Planning is quadratic in the blocks: a loop that holds a block into every other
+    iteration must not re-plan every other iteration; it loses the arena for the rest of
+    the iterations that find a place held, and keeps the plan."""
+    from pooch_ext.hooks import arena
+
+    plans = []
+    real = arena.plan_offsets
+    monkeypatch.setattr(arena, "plan_offsets", lambda blocks: plans.append(1) or real(blocks))
+    plan = ArenaPlan()
+    iterate(plan, SCRIPT)
+    iterate(plan, SCRIPT)
+    assert len(plans) == 1
+    held: dict = {}
+    for k in range(6):
+        keep = {"y"} if k % 2 == 0 else frozenset()
+        offsets = iterate(plan, SCRIPT, keep=keep, held=held)
+        if k % 2:
+            assert offsets["x"] is not None and offsets["y"] is None   # y's place still held
+            plan.released(held.pop("y"))
+    assert len(plans) == 1 and plan.serving
