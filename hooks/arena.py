@@ -5,20 +5,27 @@ total, which the pool's limit (the budget) binds, runs 1.25-1.43x above the byte
 holds (the demo's H200 log, experiments/gpu/pool_strategies.py). Under a plan every iteration
 asks for the same blocks in the same order. Once two iterations in a row asked alike, their
 blocks get offsets in one arena block (pooch_ext/placement.py: the bytes held, no more), and
-later iterations are served there. A request that differs from the plan, or whose place
-still holds a live block (a user kept an array), goes to the pool instead, with the rest of
-its iteration: nothing is ever placed over a live block. The plan is kept (an evaluation or a
-short batch between planned iterations does not cost it); a new sequence asked twice in a row
-is planned anew.
+later iterations are served there.
+
+Each request is served only if it is the plan's request at its place in the iteration (same
+size) and its offset holds no live block (a user may keep an array); else it comes from the
+pool. Nothing is ever placed over a live block. The plan is kept through iterations unlike it
+(an evaluation, a short batch); a new sequence asked twice in a row is planned anew (planning
+is quadratic in the blocks). While the device says its work is not the training's (a profiler
+reading the pool's hooks, plain Chainer beside PoocH, the runtime's own arrays) the arena
+neither learns nor serves, and holds no block.
 
 ``ArenaPlan`` is the logic (plain Python, tested on the CPU); ``CupyArena`` installs it as
 CuPy's allocator. Opt-in (``CupyDevice(arena=True)``, or ``POOCH_GPU_ARENA=1``): not yet run
-on a GPU.
+on a GPU. One thread, one device, one stream, as the CuPy device computes.
 """
 from __future__ import annotations
 
+import contextlib
+import os
+import threading
 import weakref
-from typing import Any
+from typing import Any, Callable, Iterator
 
 from pooch_ext.placement import Block, plan_offsets, round_up
 
@@ -27,70 +34,65 @@ class ArenaPlan:
     """Learns an iteration's requests and serves the next ones at planned offsets.
 
     ``request(nbytes)`` returns an offset in the arena, or None (take it from the pool); the
-    caller reports each block's end with ``released(token)``. ``new_iteration()`` plans
-    from the iteration just ended where it asked as the one before did, unlike the plan."""
+    caller reports each block's end with ``released(token)``, which may come from a garbage
+    collection in the middle of a request. ``new_iteration()`` plans from the iteration just
+    ended where it asked as the one before did, unlike the plan."""
 
     def __init__(self) -> None:
         self.offsets: list[int | None] = []     # per request of a planned iteration
         self.sizes: list[int] = []
         self.extent = 0
-        self.serving = False
         self._events = 0
         self._asked: list[int] = []              # this iteration's rounded sizes
         self._spans: dict[int, list[int]] = {}   # token -> [request, start, end event or -1]
         self._tokens = 0                         # unique over iterations: blocks outlive them
         self._last: list[int] | None = None      # the previous iteration's sizes
         self._live: dict[int, tuple[int, int]] = {}   # token -> (offset, end offset)
-        self._deviated = False
+        self._ended: list[int] = []              # released, not yet out of _live
+        self._lock = threading.Lock()
 
-    def request(self, nbytes: int, serve: bool = True) -> tuple[int, int | None]:
+    @property
+    def serving(self) -> bool:
+        return bool(self.sizes)
+
+    def request(self, nbytes: int, offer: bool = True) -> tuple[int, int | None]:
         """(a token for ``released``, the offset to serve it at or None for the pool);
-        ``serve`` False: this iteration is only learnt (a profiler counts the pool's blocks)."""
-        k, size = len(self._asked), round_up(nbytes)
-        self._tokens += 1
-        token = self._tokens
-        self._asked.append(size)
-        self._spans[token] = [k, self._next(), -1]
-        offset = None
-        self._deviated |= not serve
-        if self.serving and not self._deviated:
-            if k >= len(self.sizes) or self.sizes[k] != size:
-                self._deviated = True               # not the plan's iteration any more
-            elif (planned := self.offsets[k]) is not None:
-                if any(low < planned + size and planned < high
-                       for low, high in self._live.values()):
-                    self._deviated = True           # its place still holds a live block
-                else:
-                    offset = planned
-                    self._live[token] = (offset, offset + size)
-        return token, offset
+        ``offer`` False: learnt, not served (the caller has no block to serve it in)."""
+        with self._lock:
+            while self._ended:                   # (a finalizer only appends: no dict changes
+                self._live.pop(self._ended.pop(), None)    # while _live is walked below)
+            k, size = len(self._asked), round_up(nbytes)
+            self._tokens += 1
+            token = self._tokens
+            self._asked.append(size)
+            self._spans[token] = [k, self._next(), -1]
+            planned = self.offsets[k] if k < len(self.sizes) and self.sizes[k] == size else None
+            if not offer or planned is None or any(low < planned + size and planned < high
+                                      for low, high in list(self._live.values())):
+                return token, None
+            self._live[token] = (planned, planned + size)
+            return token, planned
 
     def released(self, token: int) -> None:
-        self._live.pop(token, None)
+        self._ended.append(token)
         span = self._spans.get(token)
         if span is not None and span[2] < 0:
             span[2] = self._next()
 
     def new_iteration(self) -> bool:
-        """End the iteration: plan from it where it asked as the one before did and unlike
-        the plan; returns whether the next one is offered the arena (once there is a plan)."""
-        asked = self._asked
-        if asked and asked == self._last and asked != self.sizes:
-            ended = [(k, start, end) for k, start, end in self._spans.values() if end >= 0]
-            # blocks that outlive the iteration are left to the pool
-            offsets, self.extent = plan_offsets([Block(asked[k], start, end)
-                                                 for k, start, end in ended])
-            placed = {k: offset for (k, _, _), offset in zip(ended, offsets)}
-            self.offsets = [placed.get(k) for k in range(len(asked))]
-            self.sizes = list(asked)
-        # once planned, always offered: an iteration unlike the plan (an evaluation, a short
-        # batch) or one that finds a place still held goes to the pool from there on, and
-        # the plan is kept; re-planning is quadratic, and only a new sequence asked twice
-        # in a row gets it
-        self.serving = bool(self.sizes)
-        self._last, self._asked, self._spans = asked, [], {}
-        self._events, self._deviated = 0, False
-        return self.serving
+        """End the iteration; returns whether the next one is offered the arena."""
+        with self._lock:
+            asked = self._asked
+            if asked and asked == self._last and asked != self.sizes:
+                ended = [(k, start, end) for k, start, end in list(self._spans.values())
+                         if end >= 0]            # blocks that outlive it are left to the pool
+                offsets, self.extent = plan_offsets([Block(asked[k], start, end)
+                                                     for k, start, end in ended])
+                placed = {k: offset for (k, _, _), offset in zip(ended, offsets)}
+                self.offsets = [placed.get(k) for k in range(len(asked))]
+                self.sizes = list(asked)
+            self._last, self._asked, self._spans, self._events = asked, [], {}, 0
+            return self.serving
 
     def _next(self) -> int:
         self._events += 1
@@ -99,46 +101,82 @@ class ArenaPlan:
 
 class CupyArena:
     """``ArenaPlan`` as CuPy's allocator: arena blocks are views of one pool allocation of the
-    plan's extent (counted by the pool and its limit); each view's owner tells the plan when
-    CuPy lets go of it. Everything else comes from the pool as before."""
+    plan's extent (counted by the pool and its limit), made on the stream current then and
+    served on it only; each view's owner tells the plan when CuPy lets go of it. Everything
+    else, and everything aside or while a profiler reads the pool's hooks, comes from the
+    pool as before."""
 
-    def __init__(self, cupy: Any, paused: Any = lambda: False) -> None:
-        self.cupy, self.paused = cupy, paused    # paused(): while a profiler watches the pool
+    def __init__(self, cupy: Any, profiling: Callable[[], bool] = lambda: False) -> None:
+        self.cupy, self.profiling = cupy, profiling
+        self._aside = 0
         self.pool = cupy.get_default_memory_pool()
         self.plan = ArenaPlan()
         self.block: Any = None          # the pool allocation the arena lives in
+        self.stream: Any = None         # the stream it was made on
+        self._tried = False
         self._previous: Any = None
         self.served = self.fallbacks = 0
 
+    @contextlib.contextmanager
+    def aside(self) -> Iterator[None]:
+        """Work that is not the training's (plain Chainer beside PoocH, the runtime's own
+        arrays): the pool's alone, neither learnt nor served."""
+        self._aside += 1
+        try:
+            yield
+        finally:
+            self._aside -= 1
+
+    def _away(self) -> bool:
+        return self._aside > 0 or self.profiling()
+
     def install(self) -> None:
-        self._previous = self.cupy.cuda.get_allocator()
-        self.cupy.cuda.set_allocator(self.malloc)
+        if self._previous is None:
+            self._previous = self.cupy.cuda.get_allocator()
+            self.cupy.cuda.set_allocator(self.malloc)
 
     def uninstall(self) -> None:
+        """The allocator back; the block and the plan let go (live views keep the block)."""
         if self._previous is not None:
             self.cupy.cuda.set_allocator(self._previous)
             self._previous = None
+        self.block, self.plan = None, ArenaPlan()
 
     def new_iteration(self) -> None:
-        """Past the plan's extent (a new plan), a new arena allocation: where the pool cannot
-        give it, nothing is served (views of the old one live on with their owners)."""
-        if self.plan.new_iteration() and (self.block is None
-                                          or self.block.mem.size < self.plan.extent):
+        """None of the old block where the plan outgrew it or nothing is served (a profile
+        must not count it); the next one is made at the iteration's first request."""
+        serving, self._tried = self.plan.new_iteration(), False
+        if not serving or self._away() or (self.block is not None
+                                           and self.block.mem.size < self.plan.extent):
             self.block = None
-            try:
-                self.block = self.pool.malloc(self.plan.extent) if self.plan.extent else None
-            except MemoryError:                 # CuPy's OutOfMemoryError: the pool's limit
-                self.block = None
+
+    def _ensure_block(self) -> None:
+        """The arena's allocation, once an iteration at most (a profiled one may have ended
+        with none, and the pool may refuse it)."""
+        if self.block is not None or self._tried or not self.plan.extent:
+            return
+        self._tried = True
+        try:
+            self.block = self.pool.malloc(self.plan.extent)
+        except MemoryError:                 # CuPy's OutOfMemoryError: the pool's limit
+            return
+        self.stream = self.cupy.cuda.get_current_stream().ptr
 
     def malloc(self, nbytes: int) -> Any:
         cuda = self.cupy.cuda
-        token, offset = self.plan.request(nbytes, serve=self.block is not None
-                                          and not self.paused())
+        if self._away():
+            if self.profiling():
+                self.block = None               # a profile must not count an idle block
+            return self.pool.malloc(nbytes)
+        if self.plan.serving:
+            self._ensure_block()
+        block = self.block
+        token, offset = self.plan.request(nbytes, offer=block is not None and
+                                          cuda.get_current_stream().ptr == self.stream)
         if offset is not None:
             self.served += 1
-            owner = _Owner(self.block)          # keeps the arena's allocation alive
-            memory = cuda.UnownedMemory(self.block.ptr + offset, nbytes, owner,
-                                        self.block.device_id)
+            owner = _Owner(block)               # keeps the arena's allocation alive
+            memory = cuda.UnownedMemory(block.ptr + offset, nbytes, owner, block.device_id)
         else:
             self.fallbacks += 1
             taken = self.pool.malloc(nbytes)
@@ -155,3 +193,9 @@ class _Owner:
 
     def __init__(self, held: Any) -> None:
         self.held = held
+
+
+def arena_for(cupy: Any, wanted: bool | None, profiling: Callable[[], bool]) -> CupyArena | None:
+    """The CuPy device's arena where ``wanted`` (None: where ``POOCH_GPU_ARENA=1``)."""
+    wanted = os.environ.get("POOCH_GPU_ARENA") == "1" if wanted is None else wanted
+    return CupyArena(cupy, profiling) if wanted else None

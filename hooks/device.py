@@ -30,7 +30,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import gc
-import os
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -41,7 +40,7 @@ import numpy as np
 import pooch_ext  # noqa: F401  (chainer import compat)
 
 from pooch_ext.errors import DeviceOutOfMemoryError, PoochError  # noqa: F401  (importable here)
-from pooch_ext.hooks.arena import CupyArena
+from pooch_ext.hooks.arena import arena_for
 from pooch_ext.hooks.pool_peak import pool_peak_hook
 from pooch_ext.hooks.model_state import resident_bytes
 from pooch_ext.hooks.linkemu import CopyThrottle
@@ -234,8 +233,7 @@ class CupyDevice:
         self._pool_peak = pool_peak_hook(cupy)
         self._hooked = False
         self.listener = None
-        on = os.environ.get("POOCH_GPU_ARENA") == "1" if arena is None else arena
-        self.arena = CupyArena(cupy, lambda: self.listener is not None) if on else None
+        self.arena = arena_for(cupy, arena, profiling=lambda: self.listener is not None)
 
     @property
     def xp(self) -> Any:
@@ -275,8 +273,9 @@ class CupyDevice:
 
     # ------------------------------------------------------------ accounting
     def host_side(self) -> Any:
-        """A block whose arrays are the host's (NumPy arrays never touch the CuPy pool)."""
-        return contextlib.nullcontext()
+        """A block whose arrays are the host's (NumPy arrays never touch the CuPy pool), and
+        whose device arrays are not the training's: the arena leaves them to the pool."""
+        return self.arena.aside() if self.arena is not None else contextlib.nullcontext()
 
     def note_resident(self, model: Any) -> None:
         """Resident bytes, for reports (the pool counts them with everything else)."""

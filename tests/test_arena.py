@@ -61,14 +61,16 @@ def test_two_alike_iterations_plan_the_third_in_the_bytes_held():
     assert iterate(plan, SCRIPT) == offsets              # and on, as planned
 
 
-def test_a_request_unlike_the_plan_and_all_after_it_go_to_the_pool():
+def test_a_request_unlike_the_plan_goes_to_the_pool_and_the_plan_is_kept():
     plan = ArenaPlan()
     iterate(plan, SCRIPT)
     iterate(plan, SCRIPT)
     other = [("m", "x", 4096), ("m", "z", 1024), ("f", "z"), ("m", "y", 512), ("f", "x"),
              ("f", "y")]
     offsets = iterate(plan, other)
-    assert offsets["x"] is not None and offsets["z"] is None and offsets["y"] is None
+    assert offsets["z"] is None              # not the plan's size at its place
+    assert offsets["x"] is not None and offsets["y"] is not None     # the plan's, places free
+    _check_no_overlap(other, offsets)
     served = iterate(plan, SCRIPT)           # the plan is kept for iterations like it
     assert None not in served.values()
     iterate(plan, other)
@@ -133,7 +135,9 @@ class _FakeCuda:
             set_allocator=lambda f: setattr(self, "allocator", f),
             UnownedMemory=lambda ptr, size, owner, device_id: SimpleNamespace(
                 ptr=ptr, size=size, owner=owner),
-            MemoryPointer=lambda mem, offset: SimpleNamespace(mem=mem, ptr=mem.ptr + offset))
+            MemoryPointer=lambda mem, offset: SimpleNamespace(mem=mem, ptr=mem.ptr + offset),
+            get_current_stream=lambda: SimpleNamespace(ptr=self.stream))
+        self.stream = 0
         self.get_default_memory_pool = lambda: self.pool
 
 
@@ -162,7 +166,7 @@ def test_cupy_arena_serves_views_of_one_pool_block_and_gives_the_allocator_back(
     run_script(arena, fake.allocator)
     blocks_before = len(fake.pool_blocks)
     ptrs = run_script(arena, fake.allocator)
-    assert len(fake.pool_blocks) == blocks_before and arena.served == 4
+    assert len(fake.pool_blocks) == blocks_before + 1 and arena.served == 4   # the arena's
     base = arena.block.ptr
     assert all(base <= p < base + arena.plan.extent for p in ptrs.values())
     arena.uninstall()
@@ -177,18 +181,35 @@ def test_cupy_arena_hands_out_what_was_asked(size):
     assert pointer.mem.size == size and arena.fallbacks == 1
 
 
-def test_while_a_profiler_counts_the_pools_blocks_nothing_is_served():
+def test_while_a_profiler_reads_the_pool_the_arena_neither_learns_serves_nor_holds():
     """A profiled iteration's memory is read from the pool's hooks, which an arena view
-    bypasses: paused, the arena only learns."""
+    bypasses, and an idle arena block would count in it."""
     fake = _FakeCuda()
-    profiling = [True]
-    arena = CupyArena(fake, paused=lambda: profiling[0])
+    profiling = [False]
+    arena = CupyArena(fake, profiling=lambda: profiling[0])
     for _ in range(3):
         run_script(arena)
-    assert arena.served == 0
-    profiling[0] = False
+    assert arena.served == 4 and arena.block is not None
+    profiling[0] = True                      # a graph changed: PoocH profiles again
     run_script(arena)
-    assert arena.served == 4                 # learnt while paused, served once it is not
+    assert arena.served == 4 and arena.block is None
+    profiling[0] = False
+    run_script(arena)                        # the plan was kept: served again at once
+    assert arena.served == 8
+
+
+def test_work_set_aside_is_the_pools_and_not_part_of_the_sequence():
+    """Plain Chainer beside PoocH (train_side_by_side) runs aside: the windows between
+    PoocH's iterations would otherwise alternate and never be alike."""
+    fake = _FakeCuda()
+    arena = CupyArena(fake)
+    for k in range(3):
+        if k % 2:
+            with arena.aside():
+                beside = [arena.malloc(100), arena.malloc(7000)]
+            del beside
+        run_script(arena)
+    assert arena.served == 4 and arena.fallbacks == 8
 
 
 def test_an_arena_the_pool_cannot_give_serves_nothing_and_training_goes_on():
@@ -222,3 +243,18 @@ def test_a_place_still_held_keeps_the_plan_and_alternating_loops_never_re_plan(m
             assert offsets["x"] is not None and offsets["y"] is None   # y's place still held
             plan.released(held.pop("y"))
     assert len(plans) == 1 and plan.serving
+
+
+def test_the_arena_serves_only_on_the_stream_it_was_made_on():
+    """CuPy's pool keeps each stream's free blocks apart; the arena is one stream's."""
+    fake = _FakeCuda()
+    arena = CupyArena(fake)
+    for _ in range(3):
+        run_script(arena)
+    assert arena.served == 4                 # its block made on stream 0
+    fake.stream = 7
+    run_script(arena)
+    assert arena.served == 4
+    fake.stream = 0
+    run_script(arena)
+    assert arena.served == 8
