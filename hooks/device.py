@@ -305,13 +305,14 @@ class CupyDevice:
     @contextlib.contextmanager
     def apart(self) -> Any:
         """Work that is not training's (split measurements on probes, which run the whole op
-        too) outside the budget and the peak, as the CPU device counts it apart; its blocks go
-        back to the driver after. Under the limit, ResNet-50's measurement ran out of it."""
+        too) outside the budget, the peak and the arena, as the CPU device counts it apart;
+        its blocks go back to the driver after (under the limit, small-resnet b256's ran out)."""
         limit = int(self.pool.get_limit())
         peaks = (self._pool_peak.peak, self._pool_peak.total_peak, self._boundary_peak)
         self.pool.set_limit(size=0)
         try:
-            yield
+            with self.host_side():
+                yield
         finally:
             self.pool.free_all_blocks()
             self.pool.set_limit(size=limit)

@@ -284,7 +284,7 @@ def test_a_split_measurement_runs_outside_the_budget_and_the_peak_on_the_gpu(fak
     The CPU device counts it apart; the CuPy device lifts the limit and hides it from the
     peak."""
     from pooch_ext.hooks import conv_configs
-    device = CupyDevice()
+    device = CupyDevice(arena=True)
     device.set_budget(1000)
     device.reset_peak()
     fake_cupy.malloc(300)
@@ -292,6 +292,7 @@ def test_a_split_measurement_runs_outside_the_budget_and_the_peak_on_the_gpu(fak
 
     def measure(call, xp, counter=None, repeats=2, parts=conv_configs.PARTS):
         seen.append(fake_cupy.limit)
+        assert device.arena._away()         # nor is it the arena's to learn or serve
         fake_cupy.malloc(5000)              # probes and the whole op's scratch
         fake_cupy.used -= 5000
         return [], []
