@@ -230,12 +230,10 @@ def _clean(gpu) -> None:
     collected, its cached blocks handed back), so the next run's pool limit and peak count
     that run alone. A first GPU run of this script held the previous run while the next ran:
     measured peaks 2x the budget, and out-of-memory errors with 25 MB held under a 9 MB limit."""
-    if gpu is None:
-        return
-    import gc
-    gc.collect()
-    gpu.cuda.Device().synchronize()
-    gpu.get_default_memory_pool().free_all_blocks()
+    from pooch_ext.hooks.pool_peak import release_pool
+
+    if gpu is not None:
+        release_pool(gpu)
 
 
 def _say_unexpected(error: BaseException | None, row: dict) -> None:

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import gc
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -41,7 +40,7 @@ import pooch_ext  # noqa: F401  (chainer import compat)
 
 from pooch_ext.errors import DeviceOutOfMemoryError, PoochError  # noqa: F401  (importable here)
 from pooch_ext.hooks.arena import arena_for
-from pooch_ext.hooks.pool_peak import pool_peak_hook
+from pooch_ext.hooks.pool_peak import pool_peak_hook, release_pool
 from pooch_ext.hooks.model_state import resident_bytes
 from pooch_ext.hooks.linkemu import CopyThrottle
 from pooch_ext.links import Link, get_link
@@ -246,12 +245,8 @@ class CupyDevice:
         return int(free + self.pool.total_bytes())
 
     def set_budget(self, budget: int | None) -> None:
-        """The pool's limit, set on a pool rid of earlier work's garbage and cached blocks:
-        the limit counts everything the pool holds (on the first GPU run of fidelity.py an
-        earlier run's arrays still held put 25 MB under a 9 MB limit)."""
-        gc.collect()
-        self.cupy.cuda.Device().synchronize()
-        self.pool.free_all_blocks()
+        """The pool's limit, set on a pool rid of earlier work (``release_pool``)."""
+        release_pool(self.cupy)
         if self._old_limit is None:
             self._old_limit = int(self.pool.get_limit())
         self.budget = None if budget is None else int(budget)

@@ -1,9 +1,20 @@
 """The CuPy pool's real peaks: a memory hook that sees every allocation, inside ops too
 (im2col columns, temporaries), where op boundaries miss them. The CuPy device's peak, the
-split measurement's scratch counter (hooks/conv_configs.py) and the GPU experiments use it."""
+split measurement's scratch counter (hooks/conv_configs.py) and the GPU experiments use it;
+and ``release_pool``, the clean start a pool limit needs."""
 from __future__ import annotations
 
+import gc
 from typing import Any
+
+
+def release_pool(cupy: Any) -> None:
+    """Earlier work's garbage collected and the pool's cached blocks handed back, so that a
+    limit set now, or a peak measured from now, counts what comes after alone (the limit
+    binds everything the pool holds: a run held beside the next put 25 MB under a 9 MB one)."""
+    gc.collect()
+    cupy.cuda.Device().synchronize()
+    cupy.get_default_memory_pool().free_all_blocks()
 
 
 def pool_peak_hook(cupy: Any) -> Any:

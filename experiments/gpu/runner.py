@@ -23,7 +23,7 @@ import numpy as np
 
 from pooch_ext.errors import BudgetTooSmallError
 from pooch_ext.hooks.device import DeviceOutOfMemoryError, EventTimer, HostSimDevice, WallTimer
-from pooch_ext.hooks.pool_peak import pool_peak_hook
+from pooch_ext.hooks.pool_peak import pool_peak_hook, release_pool
 from pooch_ext.testing import model_state, synthetic_batches, train
 from pooch_ext.measure import setup_model
 from pooch_ext.models import default_input_size, default_n_classes
@@ -161,9 +161,7 @@ class GpuBackend(Backend):
             self.pool.set_limit(size=previous)
 
     def cleanup(self) -> None:
-        gc.collect()
-        self.cupy.cuda.Device().synchronize()
-        self.pool.free_all_blocks()
+        release_pool(self.cupy)
 
 
 def _median(values: list[float]) -> float:
