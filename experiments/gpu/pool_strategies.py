@@ -20,7 +20,7 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from pooch_ext.cupy_pool import PoolEmulator, PoolOutOfMemory  # noqa: E402
+from pooch_ext.cupy_pool import replay  # noqa: E402
 from pooch_ext.placement import Block, peak_held, plan_offsets  # noqa: E402
 
 MIB = 2 ** 20
@@ -28,41 +28,30 @@ MIB = 2 ** 20
 
 def iteration_blocks(log: pd.DataFrame, iteration: int) -> tuple[list[Block], list[tuple]]:
     """(the iteration's blocks with their lifetimes in event indices, its events as
-    ``(kind, bytes, key)`` after the blocks live at its start, which come first as mallocs)."""
+    ``(kind, bytes, key)``: the blocks live at its start first, as mallocs, then its own,
+    less the frees of blocks the log never allocated, which were held before it began)."""
     live: dict = {}
     for row in log[log.iteration < iteration].itertuples():
         if row.kind == "malloc":
             live[row.key] = row.bytes
         else:
             live.pop(row.key, None)
-    events = [("malloc", nbytes, key) for key, nbytes in live.items()]
-    events += [(row.kind, row.bytes, row.key)
-               for row in log[log.iteration == iteration].itertuples()]
+    steps = [("malloc", nbytes, key) for key, nbytes in live.items()]
+    steps += [(row.kind, row.bytes, row.key)
+              for row in log[log.iteration == iteration].itertuples()]
     opened: dict = {}
-    blocks = []
-    for index, (kind, nbytes, key) in enumerate(events):
+    blocks, events = [], []
+    for kind, nbytes, key in steps:
         if kind == "malloc":
-            opened[key] = (nbytes, index)
+            opened[key] = (nbytes, len(events))
         elif key in opened:
             nbytes, start = opened.pop(key)
-            blocks.append(Block(nbytes, start, index))
+            blocks.append(Block(nbytes, start, len(events)))
+        else:
+            continue
+        events.append((kind, nbytes, key))
     blocks += [Block(nbytes, start, len(events)) for nbytes, start in opened.values()]
     return blocks, events
-
-
-def pool_total(events: list[tuple], limit: int = 0) -> tuple[int, int | None]:
-    """(CuPy's pool total at its peak, the index of the event that ran out under ``limit``
-    or None) for these events from an empty pool."""
-    pool, address = PoolEmulator(limit), {}
-    for index, (kind, nbytes, key) in enumerate(events):
-        try:
-            if kind == "malloc":
-                address[key] = pool.malloc(nbytes)
-            elif key in address:
-                pool.free(address.pop(key))
-        except PoolOutOfMemory:
-            return pool.total_peak, index
-    return pool.total_peak, None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -80,11 +69,11 @@ def main(argv: list[str] | None = None) -> int:
     for iteration in sorted(log.iteration.unique()):
         blocks, events = iteration_blocks(log, iteration)
         held, (_, extent) = peak_held(blocks), plan_offsets(blocks)
-        total, _ = pool_total(events)
+        total = replay(events).total_peak
         cells = [f"{iteration}", f"{held / MIB:.1f}", f"{total / MIB:.1f} ({total / held:.2f}x)",
                  f"{extent / MIB:.1f} ({extent / held:.2f}x)"]
         if args.limit:
-            _, oom = pool_total(events, args.limit)
+            oom = replay(events, args.limit).oom_event
             cells.append("fits" if oom is None else f"out of memory at event {oom}")
         print("| " + " | ".join(cells) + " |")
     return 0
