@@ -21,6 +21,7 @@ on a GPU. One thread, one device, one stream, as the CuPy device computes.
 """
 from __future__ import annotations
 
+import bisect
 import contextlib
 import os
 import threading
@@ -48,6 +49,10 @@ class ArenaPlan:
         self._tokens = 0                         # unique over iterations: blocks outlive them
         self._last: list[int] | None = None      # the previous iteration's sizes
         self._live: dict[int, tuple[int, int]] = {}   # token -> (offset, end offset)
+        # the same ranges sorted: served only where free, they never overlap, so a request's
+        # neighbours settle whether it fits (a walk over every live block was a hot path)
+        self._lows: list[int] = []
+        self._highs: list[int] = []
         self._ended: list[int] = []              # released, not yet out of _live
         self._lock = threading.Lock()
 
@@ -59,19 +64,34 @@ class ArenaPlan:
         """(a token for ``released``, the offset to serve it at or None for the pool);
         ``offer`` False: learnt, not served (the caller has no block to serve it in)."""
         with self._lock:
-            while self._ended:                   # (a finalizer only appends: no dict changes
-                self._live.pop(self._ended.pop(), None)    # while _live is walked below)
+            while self._ended:                   # (a finalizer only appends: nothing it
+                self._let_go(self._ended.pop())  # does changes the ranges while they are read)
             k, size = len(self._asked), round_up(nbytes)
             self._tokens += 1
             token = self._tokens
             self._asked.append(size)
             self._spans[token] = [k, self._next(), -1]
             planned = self.offsets[k] if k < len(self.sizes) and self.sizes[k] == size else None
-            if not offer or planned is None or any(low < planned + size and planned < high
-                                      for low, high in list(self._live.values())):
+            if not offer or planned is None or self._taken(planned, planned + size):
                 return token, None
-            self._live[token] = (planned, planned + size)
+            if size:                             # (an empty view takes no room)
+                self._live[token] = (planned, planned + size)
+                at = bisect.bisect_left(self._lows, planned)
+                self._lows.insert(at, planned)
+                self._highs.insert(at, planned + size)
             return token, planned
+
+    def _taken(self, low: int, high: int) -> bool:
+        """Whether a live served range starts before ``high`` and ends after ``low``: of
+        those starting before ``high``, the last ends last (they do not overlap)."""
+        at = bisect.bisect_left(self._lows, high) - 1
+        return at >= 0 and self._highs[at] > low
+
+    def _let_go(self, token: int) -> None:
+        span = self._live.pop(token, None)
+        if span is not None:
+            at = bisect.bisect_left(self._lows, span[0])
+            del self._lows[at], self._highs[at]
 
     def released(self, token: int) -> None:
         self._ended.append(token)
