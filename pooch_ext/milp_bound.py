@@ -2,31 +2,40 @@
 keep / swap / recompute with the copy engines' timing, solved by HiGHS (scipy.optimize.milp).
 
 pooch is a heuristic and the exact search (exact.py) stops at about 16 feature maps. This
-bound reaches ResNet-50 (105 maps) in seconds. One binary per (map, class), one continuous
-iteration time T, and only constraints that every plan's simulated time obeys, so the
-optimum of the program is at most the best plan's time (the gap of pooch to it is an upper
-bound of pooch's distance to the optimum):
+bound reaches ResNet-50 (105 maps) in seconds to a minute. One binary per (map, class), one
+continuous iteration time T, and only constraints that every plan's simulated time obeys,
+so the optimum of the program is at most the best plan's time (the gap of pooch to it is an
+upper bound of pooch's distance to the optimum). The rows (milp_rows.py, milp_needs.py):
 
 * memory, at every boundary: each map present from its producer to its last forward read
   and from its first backward need to its final drop, plus, if kept, the hole between
-  (the simulator's tightest memory, ``static_top(minimal=True)``; the recompute chains' own
-  scratch and the earlier needs a recompute gives its sources are left out, which only
-  lowers memory);
-* compute: every op and every recompute, back to back (sim/bounds.compute_floor);
+  (the simulator's tightest memory, ``static_top(minimal=True)``), plus the sources a
+  recompute chain needs earlier (the chains' own scratch is left out, which only lowers
+  memory);
+* compute: every op and every recompute, back to back (sim/bounds.compute_floor), and in
+  the backward pass the recomputes that must come after a stall (each runs no earlier
+  than the earliest need of the maps rebuilt from it);
 * each swapped map: forward up to its producer, its swap-out, its swap-in (not before the
-  backward pass starts), then every op from its first backward need on;
+  backward pass starts, nor before the swap-out queue reaches it: swap-outs leave in
+  producer order), then every op from its first backward need on, or from the first need
+  of a recompute chain that reads it;
 * the copy engines, one copy at a time: for every forward boundary p and backward boundary
   q, the swapped maps made after p and needed by q send all their swap-outs between the
   time compute reaches p and the time it must resume at q (the same for swap-ins, which
-  start after the forward pass);
-* memory while copies run (``_copy_memory_rows``): a swapped map leaves the device only once
-  its swap-out is done and is back from its swap-in's start, and an engine moves at most its
-  fastest copy's bytes a second, so a saturated link holds maps on the device: compute
-  stalls in the forward pass (its op start times are columns too) or prefetches hold memory.
-  On ResNet-50 b512 pcie3 at 0.4 of in-core this raised the bound from 1.653 to 1.700 s.
+  start after the forward pass and after the swap-out queue has reached them);
+* memory while copies run: a swapped map leaves the device only once its swap-out is done
+  and is back from its swap-in's start, and an engine moves at most its fastest copy's
+  bytes a second, so a saturated link holds maps on the device: compute stalls in the
+  forward pass (its op start times are columns too) or prefetches hold memory; and a map
+  is copied in whole, so at the memory peaks before its need it is either all on the
+  device or all copied in after the peak (a binary each).
 
-Action costs and the engines' exact queue order are left out (they only add time). The
-program's plan is simulated too: where it fits it is a real plan and an upper bound.
+Action costs and the engines' exact queue order among swap-ins are left out (they only
+add time). The program's plan is simulated too: where it fits it is a real plan and an
+upper bound. On ResNet-50 b512 pcie3 at 0.3 of in-core, the rows after the first ones
+raised the bound from 1.745 to 1.765 s and its plan's simulated time fell from 2.51 to
+1.97 s; on 360 small networks the bound's average distance below the optimum fell from
+9.9% to 2.1% (results/README "Distance to a proven bound").
 """
 from __future__ import annotations
 
@@ -39,7 +48,9 @@ from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import coo_matrix
 
 from pooch_ext.errors import BudgetTooSmallError
-from pooch_ext.policies.search import KeepRoom
+from pooch_ext.milp_needs import (Gates, Layout, Lowered, Rows, prefetch_rows, queue_rows,
+                                  source_rows)
+from pooch_ext.milp_rows import copy_memory_rows, memory_rows, time_rows
 from pooch_ext.sim.budgets import fits, model_minimum
 from pooch_ext.sim.engine import run
 from pooch_ext.sim.model import KEEP, RECOMPUTE, SWAP, SimModel
@@ -70,23 +81,43 @@ def milp_bound(model: SimModel, budget: int | str, time_limit_s: float = 120.0) 
     minimum = model_minimum(model)
     if budget < minimum:
         raise BudgetTooSmallError(budget, minimum, "milp_bound")
-    m, n, n_fwd = model.m, model.n, model.n_fwd
+    m = model.m
     if m == 0:      # nothing to classify: the ops back to back (no program to solve)
         return MilpBound(float(model.dur.sum()), True, np.zeros(0, np.int64),
                          run(model, np.zeros(0, np.int64), "early", budget).time_s,
                          time.perf_counter() - started, 0)
-    # classes, T, compute's arrival at each backward boundary, then at each forward one
-    width = 3 * m + 1 + (n + 1 - n_fwd) + n_fwd
-    rows = _time_rows(model)
-    memory, room = _memory_rows(model, budget)
-    copying, copy_room = _copy_memory_rows(model, room)
-    memory, room = memory + copying, np.concatenate([room, copy_room])
+    # the program without the swap-out queue's gated rows first: they are what slows the
+    # solver most (ResNeXt-101 3D: 40 s against over 120), and tighten small networks only;
+    # then, with the time left, with them; each dual bound holds, so the larger one does
+    solves = [_solve(model, budget, build_program(model, budget, queues=False), time_limit_s)]
+    left = time_limit_s - (time.perf_counter() - started)
+    if left > 0 and model.can[:, SWAP].any():
+        solves.append(_solve(model, budget, build_program(model, budget, queues=True), left))
+    bound, optimal, _, _, _ = max(solves, key=lambda solve: solve[0])
+    _, _, codes, plan_time, _ = min(solves, key=lambda solve: solve[3])
+    return MilpBound(bound, optimal, codes, plan_time, time.perf_counter() - started,
+                     max(solve[4] for solve in solves))
+
+
+Solve = tuple[float, bool, np.ndarray, float, int]   # bound, finished, plan, its time, rows
+
+
+def _solve(model: SimModel, budget: int, program: Program, time_limit_s: float) -> Solve:
+    """HiGHS on ``program``: its dual bound, whether it finished, the plan of its best
+    solution and that plan's simulated time (inf where it does not fit), and its rows."""
+    m, rows, memory, room, width = model.m, program.rows, program.memory, program.room, \
+        program.width
     can = model.can.astype(float)
     upper = np.concatenate([can[:, KEEP], can[:, SWAP], can[:, RECOMPUTE],
                             np.full(width - 3 * m, math.inf)])
     cost = np.zeros(width)
     cost[3 * m] = 1.0
-    result = milp(c=cost, integrality=np.r_[np.ones(3 * m), np.zeros(width - 3 * m)],
+    integral = np.zeros(width)
+    integral[:3 * m] = 1
+    whole = [o for o, _, _ in program.binaries]
+    integral[whole] = 1
+    upper[whole] = 1.0
+    result = milp(c=cost, integrality=integral,
                   bounds=Bounds(np.zeros(width), upper),
                   constraints=[
                       LinearConstraint(_sparse(rows, width), [low for _, low in rows], np.inf),
@@ -94,137 +125,53 @@ def milp_bound(model: SimModel, budget: int | str, time_limit_s: float = 120.0) 
                       LinearConstraint(_sparse(memory, width) / budget, -np.inf, room / budget),
                       LinearConstraint(_sparse([({i: 1.0, m + i: 1.0, 2 * m + i: 1.0}, 1.0)
                                                 for i in range(m)], width), 1.0, 1.0)],
-                  options={"time_limit": time_limit_s, "disp": False})
-    seconds = time.perf_counter() - started
-    if result.x is None:     # (at or above the minimum, all swapped fits: never infeasible)
-        raise RuntimeError(f"the bound's program was not solved: {result.message}")
+                  options={"time_limit": max(time_limit_s, 1e-3), "disp": False})
+    count = len(rows) + len(memory) + m
+    floor = float(model.dur.sum())
+    if result.x is None:
+        # (every plan that fits satisfies the rows, so the program is never infeasible at
+        # or above the minimum; the time limit can still come before a first solution)
+        if result.status != 1:
+            raise RuntimeError(f"the bound's program was not solved: {result.message}")
+        dual = getattr(result, "mip_dual_bound", None)
+        bound = max(floor, float(dual)) if dual is not None and math.isfinite(dual) else floor
+        return bound, False, np.argmax(model.can, axis=1).astype(np.int64), math.inf, count
     codes = np.argmax(np.round(result.x[:3 * m]).reshape(3, m), axis=0).astype(np.int64)
     plan_time = (run(model, codes, "early", budget).time_s if fits(model, codes, budget)
                  else math.inf)
     # the solver's dual bound, not its best objective: HiGHS calls a program solved once the
     # two are within its relative gap (1e-4), so the objective may exceed the true minimum
     bound = min(float(result.fun), float(result.mip_dual_bound))
-    optimal = result.status == 0
-    return MilpBound(bound, optimal, codes, plan_time, seconds, len(rows) + n + 1)
+    return max(bound, floor), result.status == 0, codes, plan_time, count
 
 
-Rows = list[tuple[dict[int, float], float]]     # ({column: coefficient}, lower bound)
+@dataclass
+class Program:
+    """The program's rows: ``rows`` are at least their bounds, ``memory`` at most ``room``
+    (bytes); ``width`` columns (milp_needs.Layout, then the gates of ``lowered``, ``gates``
+    and ``binaries``, which are kept for checking the rows against simulated plans)."""
+
+    rows: Rows
+    memory: Rows
+    room: np.ndarray
+    width: int
+    at: Layout
+    lowered: Lowered
+    gates: Gates
+    binaries: list[tuple[int, int, int]]
 
 
-def _time_rows(model: SimModel) -> Rows:
-    """The timing constraints (columns: keep, swap, recompute per map, T, then the compute's
-    arrival at each backward boundary)."""
-    m, n, n_fwd = model.m, model.n, model.n_fwd
-    reached = np.concatenate([[0.0], np.cumsum(model.dur)])     # compute at boundary b
-    produced = model.producer + 1               # swap-out starts (boundary)
-    needed = model.bwd_first                    # first backward need, itself a bound
-    T = 3 * m
-    A = T + 1 - n_fwd                           # A + b: compute arrives at boundary b >= n_fwd
-    # compute: T >= all ops + the recomputes, and the backward pass op by op
-    rows: Rows = [({T: 1.0, **{2 * m + i: -float(model.rc_s[i]) for i in range(m)}},
-                   float(reached[-1])), ({A + n_fwd: 1.0}, float(reached[n_fwd]))]
-    rows += [({A + b + 1: 1.0, A + b: -1.0}, float(model.dur[b])) for b in range(n_fwd, n)]
-    rows.append(({T: 1.0, A + n: -1.0}, 0.0))
-    # the forward pass op by op (it stalls where memory waits for swap-outs), then every
-    # backward op and recompute after it
-    F = A + n + 1                               # F + b: forward op b starts (b < n_fwd)
-    rows += [({(F + b + 1 if b + 1 < n_fwd else A + n_fwd): 1.0, F + b: -1.0},
-              float(model.dur[b])) for b in range(n_fwd)]
-    rows.append(({T: 1.0, A + n_fwd: -1.0, **{2 * m + i: -float(model.rc_s[i])
-                                               for i in range(m)}},
-                 float(reached[-1] - reached[n_fwd])))
-    # each swapped map: forward to its producer, out, in after the forward pass, its op
-    for i in np.flatnonzero(model.can[:, SWAP]):
-        q = int(needed[i])
-        ready = max(reached[n_fwd], reached[produced[i]] + model.so_s[i]) + model.si_s[i]
-        rows.append(({A + q + 1: 1.0, m + i: -float(ready)}, float(model.dur[q])))
-    # the copy engines, one copy at a time
-    for q in np.unique(needed):
-        maps = np.flatnonzero(needed <= q)
-        rows.append(({A + q + 1: 1.0, A + n_fwd: -1.0,
-                      **{m + int(i): -float(model.si_s[i]) for i in maps}}, float(model.dur[q])))
-        for p in np.unique(produced[maps]):
-            inside = maps[produced[maps] >= p]
-            rows.append(({A + q + 1: 1.0, **{m + int(i): -float(model.so_s[i]) for i in inside}},
-                         float(reached[p] + model.dur[q])))
-    return rows
-
-
-def _memory_rows(model: SimModel, budget: int) -> tuple[Rows, np.ndarray]:
-    """Per boundary: each kept map's hole, and the room the tightest level with no map kept
-    leaves under ``budget``."""
-    room = KeepRoom(model, np.full(model.m, SWAP), budget)   # the keep walk's holes
-    memory: list[dict[int, float]] = [{} for _ in range(model.n + 1)]
-    for i in range(model.m):
-        for b in range(int(room.lo[i]), int(room.hi[i])):
-            memory[b][i] = float(model.nbytes[i])
-    return [(cols, 0.0) for cols in memory], budget - room.top.astype(float)
-
-
-def _copy_memory_rows(model: SimModel, room: np.ndarray) -> tuple[list[tuple[dict[int, float], float]],
-                                                                    np.ndarray]:
-    """Memory that copies hold, tied to time: a swapped map stays on the device until its
-    swap-out is done, and comes back when its swap-in starts, and each engine moves at most
-    ``bandwidth`` bytes a second (its fastest copy's), one copy at a time.
-
-    * Forward op b: of the swapped maps no op from b on reads, at most bandwidth x (op b's
-      start - the earliest of their swap-outs' starts) bytes are released by then; the rest
-      are on the device during op b.
-    * Backward boundary q and a later need q2: the swapped maps first needed after q up to
-      q2 that are not on the device during op q are all copied in after op q, before op q2
-      starts: at most bandwidth x (A[q2 + 1] - dur[q2] - A[q + 1]) bytes of them.
-    """
-    m, n, n_fwd = model.m, model.n, model.n_fwd
-    swappable = np.flatnonzero(model.can[:, SWAP])
-    rows: list[tuple[dict[int, float], float]] = []
-    rhs: list[float] = []
-    if len(swappable) == 0:
-        return rows, np.zeros(0)
-    nbytes = model.nbytes.astype(float)
-    reached = np.concatenate([[0.0], np.cumsum(model.dur)])
-    holes = KeepRoom(model, np.full(m, SWAP), 0)
-    T = 3 * m
-    A, F = T + 1 - n_fwd, T + 1 + (n + 1 - n_fwd)
-
-    def kept_at(b: int) -> dict[int, float]:
-        return {i: nbytes[i] for i in range(m) if holes.lo[i] <= b < holes.hi[i]}
-
-    out_rate = _bandwidth(nbytes[swappable], model.so_s[swappable])
-    starts = reached[model.producer + 1]
-    for b in range(1, n_fwd):
-        gone = swappable[model.last_fwd[swappable] < b]
-        if len(gone) == 0 or not math.isfinite(out_rate):
-            continue
-        cols = kept_at(b)
-        cols.update({m + int(i): nbytes[i] for i in gone})
-        cols[F + b] = -out_rate
-        rows.append((cols, 0.0))
-        rhs.append(float(room[b]) - out_rate * float(starts[gone].min()))
-    in_rate = _bandwidth(nbytes[swappable], model.si_s[swappable])
-    needs = np.unique(model.bwd_first[swappable])
-    if math.isfinite(in_rate):
-        for q in range(n_fwd, n):
-            later = needs[needs > q][:_NEED_WINDOW]
-            for q2 in later.tolist():
-                coming = swappable[(model.bwd_first[swappable] > q)
-                                   & (model.bwd_first[swappable] <= q2)]
-                cols = kept_at(q)
-                cols.update({m + int(i): nbytes[i] for i in coming})
-                cols[A + q2 + 1] = cols.get(A + q2 + 1, 0.0) - in_rate
-                cols[A + q + 1] = cols.get(A + q + 1, 0.0) + in_rate
-                rows.append((cols, 0.0))
-                rhs.append(float(room[q]) - in_rate * float(model.dur[q2]))
-    return rows, np.array(rhs)
-
-
-_NEED_WINDOW = 12   # the later needs each backward boundary is tied to
-
-
-def _bandwidth(nbytes: np.ndarray, seconds: np.ndarray) -> float:
-    """The most bytes a second any of these copies moves (inf where one takes no time)."""
-    with np.errstate(divide="ignore", invalid="ignore"):
-        rate = np.where(seconds > 0, nbytes / np.maximum(seconds, 1e-300), math.inf)
-    return float(rate.max())
+def build_program(model: SimModel, budget: int, queues: bool = True) -> Program:
+    """Every row of the program for ``model`` under ``budget`` bytes (at least one map);
+    without ``queues``, not the swap-out queue's gated rows (milp_needs.queue_rows)."""
+    at = Layout.of(model)
+    rows = time_rows(model, at) + (queue_rows(model, at) if queues else [])
+    memory, room = memory_rows(model, budget)
+    sources, width, lowered, gates = source_rows(model, at, memory, at.free)
+    copying, copy_room = copy_memory_rows(model, at, room, memory, lowered)
+    prefetch, binaries, width = prefetch_rows(model, at, memory, lowered, width)
+    return Program(rows + sources + prefetch, memory + copying,
+                   np.concatenate([room, copy_room]), width, at, lowered, gates, binaries)
 
 
 def _sparse(rows: Rows, width: int) -> coo_matrix:

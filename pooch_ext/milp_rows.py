@@ -1,0 +1,134 @@
+"""The MILP bound's rows for compute, memory and the copy engines (milp_bound.py): columns
+follow milp_needs.Layout, and every row holds for every plan the simulator runs."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from pooch_ext.milp_needs import Layout, Lowered, Rows, earliest_rebuild, needed_by, reached
+from pooch_ext.policies.search import KeepRoom
+from pooch_ext.sim.model import RECOMPUTE, SWAP, SimModel
+
+NEED_WINDOW = 12    # the later needs each backward boundary's copy rows reach
+
+
+def time_rows(model: SimModel, at: Layout) -> Rows:
+    """Compute, op by op in each pass, with the recomputes; each swapped map's copies; the
+    copy engines one copy at a time."""
+    m, n, n_fwd, T, A, F = model.m, model.n, model.n_fwd, at.T, at.A, at.F
+    at_reach = reached(model)
+    produced = model.producer + 1               # swap-out starts (boundary)
+    needed = model.bwd_first                    # first backward need, itself a bound
+    recompute_all = {2 * m + i: -float(model.rc_s[i]) for i in range(m)}
+    # T >= all ops + the recomputes; the backward pass op by op
+    rows: Rows = [({T: 1.0, **recompute_all}, float(at_reach[-1])),
+                  ({A + n_fwd: 1.0}, float(at_reach[n_fwd]))]
+    rows += [({A + b + 1: 1.0, A + b: -1.0}, float(model.dur[b])) for b in range(n_fwd, n)]
+    rows.append(({T: 1.0, A + n: -1.0}, 0.0))
+    # the forward pass op by op (it stalls where memory waits for swap-outs), then every
+    # backward op and recompute after it
+    rows += [({(F + b + 1 if b + 1 < n_fwd else A + n_fwd): 1.0, F + b: -1.0},
+              float(model.dur[b])) for b in range(n_fwd)]
+    rows.append(({T: 1.0, A + n_fwd: -1.0, **recompute_all},
+                 float(at_reach[-1] - at_reach[n_fwd])))
+    # a recompute runs before its map's first need and no earlier than the earliest need
+    # of the maps rebuilt from it, so the ones after a stall at q add to it
+    earliest = earliest_rebuild(model)
+    after = np.concatenate([np.cumsum(model.dur[::-1])[::-1], [0.0]])
+    rebuilt = np.flatnonzero(model.can[:, RECOMPUTE])
+    for q in range(n_fwd, n):
+        rows.append(({T: 1.0, A + q + 1: -1.0, **{2 * m + int(i): -float(model.rc_s[i])
+                                                  for i in rebuilt[earliest[rebuilt] > q]}},
+                     float(after[q + 1])))
+        rows.append(({A + q + 1: 1.0, A + n_fwd: -1.0,
+                      **{2 * m + int(i): -float(model.rc_s[i])
+                         for i in rebuilt[needed[rebuilt] <= q]}},
+                     float(at_reach[q + 1] - at_reach[n_fwd])))
+    # each swapped map: forward to its producer, out, in after the forward pass, its op
+    for i in np.flatnonzero(model.can[:, SWAP]):
+        q = int(needed[i])
+        ready = max(at_reach[n_fwd], at_reach[produced[i]] + model.so_s[i]) + model.si_s[i]
+        rows.append(({A + q + 1: 1.0, m + i: -float(ready)}, float(model.dur[q])))
+    # the copy engines, one copy at a time
+    for q in np.unique(needed):
+        maps = np.flatnonzero(needed <= q)
+        rows.append(({A + q + 1: 1.0, A + n_fwd: -1.0,
+                      **{m + int(i): -float(model.si_s[i]) for i in maps}}, float(model.dur[q])))
+        for p in np.unique(produced[maps]):
+            inside = maps[produced[maps] >= p]
+            rows.append(({A + q + 1: 1.0, **{m + int(i): -float(model.so_s[i]) for i in inside}},
+                         float(at_reach[p] + model.dur[q])))
+    return rows
+
+
+def memory_rows(model: SimModel, budget: int) -> tuple[Rows, np.ndarray]:
+    """Per boundary: each kept map's hole, and the room the tightest level with no map kept
+    leaves under ``budget``."""
+    room = KeepRoom(model, np.full(model.m, SWAP), budget)   # the keep walk's holes
+    memory: list[dict[int, float]] = [{} for _ in range(model.n + 1)]
+    for i in range(model.m):
+        for b in range(int(room.lo[i]), int(room.hi[i])):
+            memory[b][i] = float(model.nbytes[i])
+    return [(cols, 0.0) for cols in memory], budget - room.top.astype(float)
+
+
+def copy_memory_rows(model: SimModel, at: Layout, room: np.ndarray, memory: Rows,
+                     lowered: Lowered) -> tuple[Rows, np.ndarray]:
+    """Memory that copies hold, tied to time: a swapped map stays on the device until its
+    swap-out is done, and comes back when its swap-in starts, and each engine moves at most
+    ``bandwidth`` bytes a second (its fastest copy's), one copy at a time.
+
+    * Forward op b: of the swapped maps no op from b on reads, at most bandwidth x (op b's
+      start - the earliest of their swap-outs' starts) bytes are released by then; the rest
+      are on the device during op b.
+    * Backward boundary q and a later need q2: the swapped maps first needed after q up to
+      q2 (recompute chains included: N(q2) - N(q), milp_needs.needed_by) that are not on
+      the device during op q are all copied in after op q, before op q2 starts: at most
+      bandwidth x (A[q2 + 1] - dur[q2] - A[q + 1]) bytes of them.
+
+    Each row starts from ``memory``'s at its boundary (kept maps, recompute sources).
+    """
+    m, n, n_fwd, A, F = model.m, model.n, model.n_fwd, at.A, at.F
+    swappable = np.flatnonzero(model.can[:, SWAP])
+    rows: Rows = []
+    rhs: list[float] = []
+    if len(swappable) == 0:
+        return rows, np.zeros(0)
+    nbytes = model.nbytes.astype(float)
+    out_rate = bandwidth(nbytes[swappable], model.so_s[swappable])
+    starts = reached(model)[model.producer + 1]
+    for b in range(1, n_fwd):
+        gone = swappable[model.last_fwd[swappable] < b]
+        if len(gone) == 0 or not math.isfinite(out_rate):
+            continue
+        cols = dict(memory[b][0])
+        cols.update({m + int(i): nbytes[i] for i in gone})
+        cols[F + b] = -out_rate
+        rows.append((cols, 0.0))
+        rhs.append(float(room[b]) - out_rate * float(starts[gone].min()))
+    in_rate = bandwidth(nbytes[swappable], model.si_s[swappable])
+    if not math.isfinite(in_rate):
+        return rows, np.array(rhs)
+    early = [e for segments in lowered.values() for e, _, n_col in segments if n_col >= 0]
+    needs = np.unique(np.r_[model.bwd_first[swappable], early].astype(np.int64))
+    for q in range(n_fwd, n):
+        for q2 in needs[needs > q][:NEED_WINDOW].tolist():
+            cols = dict(memory[q][0])
+            for i in swappable.tolist():
+                for c, v in needed_by(model, lowered, i, q2).items():
+                    cols[c] = cols.get(c, 0.0) + v * nbytes[i]
+                for c, v in needed_by(model, lowered, i, q).items():
+                    cols[c] = cols.get(c, 0.0) - v * nbytes[i]
+            cols[A + q2 + 1] = cols.get(A + q2 + 1, 0.0) - in_rate
+            cols[A + q + 1] = cols.get(A + q + 1, 0.0) + in_rate
+            rows.append((cols, 0.0))
+            rhs.append(float(room[q]) - in_rate * float(model.dur[q2]))
+    return rows, np.array(rhs)
+
+
+def bandwidth(nbytes: np.ndarray, seconds: np.ndarray) -> float:
+    """The most bytes a second any of these copies moves (inf where one takes no time)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rate = np.where(seconds > 0, nbytes / np.maximum(seconds, 1e-300), math.inf)
+    return float(rate.max())
