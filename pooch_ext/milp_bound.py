@@ -34,7 +34,7 @@ Action costs and the engines' exact queue order among swap-ins are left out (the
 add time). The program's plan is simulated too: where it fits it is a real plan and an
 upper bound. On ResNet-50 b512 pcie3 at 0.3 of in-core, the rows after the first ones
 raised the bound from 1.745 to 1.765 s and its plan's simulated time fell from 2.51 to
-1.97 s; on 360 small networks the bound's average distance below the optimum fell from
+2.04 s; on 360 small networks the bound's average distance below the optimum fell from
 9.9% to 2.1% (results/README "Distance to a proven bound").
 """
 from __future__ import annotations
