@@ -129,3 +129,27 @@ def test_recompute_chains_and_queues_tighten_the_bound(link, old, proven):
     bound = milp_bound(model, budget, time_limit_s=30)
     assert bound.optimal
     assert proven * best <= bound.bound_s <= best * (1 + 1e-9)
+
+
+def test_a_time_limit_before_any_solution_gives_the_dual_bound_not_an_error(monkeypatch):
+    """HiGHS may stop at its time limit with no solution yet (status 1, x None): the bound
+    is then its dual bound (at least every op's time), unfinished, with no plan to run."""
+    import types
+
+    import pooch_ext.milp_bound as milp_module
+
+    profile = random_profile(4, n_layers=9)
+    model = compile_profile(profile, "pcie3")
+    budget = budget_between(profile, 0.25)
+    floor = float(model.dur.sum())
+    for dual in (float("nan"), 0.5 * floor, 1.5 * floor):
+        monkeypatch.setattr(milp_module, "milp", lambda dual=dual, **_: types.SimpleNamespace(
+            x=None, status=1, message="time limit reached", mip_dual_bound=dual))
+        bound = milp_bound(model, budget, time_limit_s=5)
+        assert bound.bound_s == (dual if dual > floor else floor)
+        assert not bound.optimal and bound.plan_time_s == float("inf")
+        assert all(model.can[i, c] for i, c in enumerate(bound.codes))
+    monkeypatch.setattr(milp_module, "milp", lambda **_: types.SimpleNamespace(
+        x=None, status=4, message="numerical trouble", mip_dual_bound=floor))
+    with pytest.raises(RuntimeError, match="numerical trouble"):
+        milp_bound(model, budget, time_limit_s=5)
