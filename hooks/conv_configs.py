@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from contextlib import nullcontext
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any, Callable
@@ -113,7 +112,7 @@ def measured_configs(call: ConvCall, device: Any, parts: tuple[str, ...] = PARTS
     if missing:
         # probes span 2**-8 .. 2**8: their products may overflow a float16, which is the
         # probes' business, not the user's (np.seterr(over="raise") had stopped training)
-        with _apart(device, counter), numpy.errstate(all="ignore"):
+        with device.apart(), numpy.errstate(all="ignore"):
             found = measure(call, device.xp, counter, parts=missing)
         for part, configs in zip(PARTS, found):
             if part in missing:
@@ -121,15 +120,6 @@ def measured_configs(call: ConvCall, device: Any, parts: tuple[str, ...] = PARTS
     forward, backward = (_MEASURED.get(keys[part], []) if part in parts else []
                          for part in PARTS)
     return forward, backward
-
-
-def _apart(device: Any, counter: Any) -> Any:
-    """Where a measurement runs outside the device's budget and peak: the CPU device's
-    counter apart, the CuPy device's pool limit lifted (its probes and whole op would run out
-    of a budget the split is meant for)."""
-    if counter is not None:
-        return counter.apart()
-    return device.apart() if device.kind == "cuda" else nullcontext()
 
 
 def measure(call: ConvCall, xp: Any, counter: Any = None, repeats: int = 2,

@@ -31,7 +31,7 @@ import threading
 import time
 import weakref
 from collections import defaultdict
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any, Callable, Iterator
 
 import numpy as np
@@ -242,6 +242,11 @@ class CpuDevice:
         """A block whose arrays are the host's, not the device's (PoocH's own planning data,
         snapshots): the allocator does not count them."""
         return uncounted()
+
+    def apart(self) -> Any:
+        """Work that is not training's (split measurements on probes) outside the peak and
+        the count: the allocator counter's ``apart``, where memory is counted by it."""
+        return self.counter.apart() if self.counter is not None else nullcontext()
 
     def note_resident(self, model: Any) -> None:
         """Parameters, gradients (present or to come) and optimizer state: counted by formula,

@@ -41,6 +41,10 @@ class RuntimeDevice(Protocol):
     def host_side(self) -> Any:
         """A context in which the work done is the runtime's own, not the training step's."""
 
+    def apart(self) -> Any:
+        """A context whose work (measurements on probes) is outside the budget and the
+        peak, and whose arrays are freed when it ends."""
+
     def note_resident(self, model: Any) -> None:
         """Count the model's parameters, gradients and persistents as resident."""
 
