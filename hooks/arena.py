@@ -28,7 +28,8 @@ import threading
 import weakref
 from typing import Any, Callable, Iterator
 
-from pooch_ext.placement import Block, plan_offsets, round_up
+from pooch_ext.cupy_pool import round_size
+from pooch_ext.placement import Block, plan_offsets
 
 
 class ArenaPlan:
@@ -66,7 +67,7 @@ class ArenaPlan:
         with self._lock:
             while self._ended:                   # (a finalizer only appends: nothing it
                 self._let_go(self._ended.pop())  # does changes the ranges while they are read)
-            k, size = len(self._asked), round_up(nbytes)
+            k, size = len(self._asked), round_size(nbytes)
             self._tokens += 1
             token = self._tokens
             self._asked.append(size)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-UNIT = 512          # CuPy's allocation unit: every block rounded up to it
+from pooch_ext.cupy_pool import round_size
 
 
 @dataclass(frozen=True)
@@ -24,16 +24,12 @@ class Block:
     end: int
 
 
-def round_up(nbytes: int) -> int:
-    return -(-int(nbytes) // UNIT) * UNIT
-
-
 def peak_held(blocks: list[Block]) -> int:
     """The most bytes (rounded as the pool rounds them) live at once: no placement needs
     less."""
     changes: dict[int, int] = {}
     for block in blocks:
-        size = round_up(block.nbytes)
+        size = round_size(block.nbytes)
         changes[block.start] = changes.get(block.start, 0) + size
         changes[block.end] = changes.get(block.end, 0) - size
     live = best = 0
@@ -46,13 +42,13 @@ def peak_held(blocks: list[Block]) -> int:
 def plan_offsets(blocks: list[Block]) -> tuple[list[int], int]:
     """(offset of each block, the arena's extent): largest first, each at the lowest offset
     where it overlaps no placed block that is live at the same time."""
-    order = sorted(range(len(blocks)), key=lambda k: (-round_up(blocks[k].nbytes),
+    order = sorted(range(len(blocks)), key=lambda k: (-round_size(blocks[k].nbytes),
                                                       blocks[k].start))
     offsets = [0] * len(blocks)
     placed: list[tuple[int, int, int, int]] = []      # (offset, end offset, start, end)
     extent = 0
     for k in order:
-        block, size = blocks[k], round_up(blocks[k].nbytes)
+        block, size = blocks[k], round_size(blocks[k].nbytes)
         taken = sorted((low, high) for low, high, start, end in placed
                        if start < block.end and block.start < end)
         offset = 0

@@ -8,7 +8,8 @@ from types import SimpleNamespace
 import pytest
 
 from pooch_ext.hooks.arena import ArenaPlan, CupyArena
-from pooch_ext.placement import Block, peak_held, round_up
+from pooch_ext.cupy_pool import round_size
+from pooch_ext.placement import Block, peak_held
 
 # an iteration: a big block freed before a small one comes, then another big one (CuPy's
 # pool would split the first big chunk for the small one and need a second big one)
@@ -34,7 +35,7 @@ def iterate(plan: ArenaPlan, script: list, keep: set = frozenset(), held: dict |
 
 def _check_no_overlap(script: list, offsets: dict) -> None:
     live: dict = {}
-    sizes = {s[1]: round_up(s[2]) for s in script if s[0] == "m"}
+    sizes = {s[1]: round_size(s[2]) for s in script if s[0] == "m"}
     for step in script:
         name = step[1]
         if step[0] == "f":
@@ -125,7 +126,7 @@ class _FakeCuda:
             def malloc(self, nbytes):
                 if fake.limit is not None and nbytes > fake.limit:
                     raise MemoryError("Out of memory allocating")
-                ptr, fake.next_ptr = fake.next_ptr, fake.next_ptr + round_up(nbytes) + 4096
+                ptr, fake.next_ptr = fake.next_ptr, fake.next_ptr + round_size(nbytes) + 4096
                 block = SimpleNamespace(ptr=ptr, device_id=0, mem=SimpleNamespace(size=nbytes))
                 fake.pool_blocks.append(block)
                 return block

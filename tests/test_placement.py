@@ -10,7 +10,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pooch_ext.placement import Block, peak_held, plan_offsets, round_up
+from pooch_ext.cupy_pool import round_size
+from pooch_ext.placement import Block, peak_held, plan_offsets
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -21,8 +22,8 @@ def _overlaps(blocks: list[Block], offsets: list[int]) -> list[tuple[int, int]]:
         for b in range(a + 1, len(blocks)):
             x, y = blocks[a], blocks[b]
             in_time = x.start < y.end and y.start < x.end
-            in_space = (offsets[a] < offsets[b] + round_up(y.nbytes)
-                        and offsets[b] < offsets[a] + round_up(x.nbytes))
+            in_space = (offsets[a] < offsets[b] + round_size(y.nbytes)
+                        and offsets[b] < offsets[a] + round_size(x.nbytes))
             if in_time and in_space:
                 bad.append((a, b))
     return bad
@@ -38,7 +39,7 @@ def test_no_two_blocks_live_together_share_an_address(seed):
     offsets, extent = plan_offsets(blocks)
     assert _overlaps(blocks, offsets) == []
     assert extent >= peak_held(blocks)
-    assert extent == max(o + round_up(b.nbytes) for o, b in zip(offsets, blocks))
+    assert extent == max(o + round_size(b.nbytes) for o, b in zip(offsets, blocks))
 
 
 def test_a_small_block_in_a_freed_large_ones_place_does_not_strand_the_next_large_one():
@@ -60,7 +61,7 @@ def test_a_small_block_in_a_freed_large_ones_place_does_not_strand_the_next_larg
 
 
 def test_sizes_are_rounded_as_the_pool_rounds_them():
-    assert round_up(1) == 512 and round_up(512) == 512 and round_up(513) == 1024
+    assert round_size(1) == 512 and round_size(512) == 512 and round_size(513) == 1024
     assert peak_held([Block(1, 0, 1), Block(1, 0, 1)]) == 1024
 
 
