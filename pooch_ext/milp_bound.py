@@ -89,10 +89,11 @@ def milp_bound(model: SimModel, budget: int | str, time_limit_s: float = 120.0) 
     # the program without the swap-out queue's gated rows first: they are what slows the
     # solver most (ResNeXt-101 3D: 40 s against over 120), and tighten small networks only;
     # then, with the time left, with them; each dual bound holds, so the larger one does
-    solves = [_solve(model, budget, build_program(model, budget, queues=False), time_limit_s)]
+    program = build_program(model, budget)
+    solves = [_solve(model, budget, program, time_limit_s, queues=False)]
     left = time_limit_s - (time.perf_counter() - started)
-    if left > 0 and model.can[:, SWAP].any():
-        solves.append(_solve(model, budget, build_program(model, budget, queues=True), left))
+    if left > 0 and program.queues:
+        solves.append(_solve(model, budget, program, left, queues=True))
     bound, optimal, _, _, _ = max(solves, key=lambda solve: solve[0])
     _, _, codes, plan_time, _ = min(solves, key=lambda solve: solve[3])
     return MilpBound(bound, optimal, codes, plan_time, time.perf_counter() - started,
@@ -102,11 +103,13 @@ def milp_bound(model: SimModel, budget: int | str, time_limit_s: float = 120.0) 
 Solve = tuple[float, bool, np.ndarray, float, int]   # bound, finished, plan, its time, rows
 
 
-def _solve(model: SimModel, budget: int, program: Program, time_limit_s: float) -> Solve:
-    """HiGHS on ``program``: its dual bound, whether it finished, the plan of its best
-    solution and that plan's simulated time (inf where it does not fit), and its rows."""
-    m, rows, memory, room, width = model.m, program.rows, program.memory, program.room, \
-        program.width
+def _solve(model: SimModel, budget: int, program: Program, time_limit_s: float,
+           queues: bool) -> Solve:
+    """HiGHS on ``program`` (with its queue rows or not): its dual bound, whether it
+    finished, the plan of its best solution and that plan's simulated time (inf where it
+    does not fit), and its rows."""
+    rows = program.rows + (program.queues if queues else [])
+    m, memory, room, width = model.m, program.memory, program.room, program.width
     can = model.can.astype(float)
     upper = np.concatenate([can[:, KEEP], can[:, SWAP], can[:, RECOMPUTE],
                             np.full(width - 3 * m, math.inf)])
@@ -147,11 +150,13 @@ def _solve(model: SimModel, budget: int, program: Program, time_limit_s: float) 
 
 @dataclass
 class Program:
-    """The program's rows: ``rows`` are at least their bounds, ``memory`` at most ``room``
-    (bytes); ``width`` columns (milp_needs.Layout, then the gates of ``lowered``, ``gates``
+    """The program's rows: ``rows`` and ``queues`` (the swap-out queue's gated rows,
+    milp_needs.queue_rows) are at least their bounds, ``memory`` at most ``room`` (bytes);
+    ``width`` columns (milp_needs.Layout, then the gates of ``lowered``, ``gates``
     and ``binaries``, which are kept for checking the rows against simulated plans)."""
 
     rows: Rows
+    queues: Rows
     memory: Rows
     room: np.ndarray
     width: int
@@ -161,16 +166,15 @@ class Program:
     binaries: list[tuple[int, int, int]]
 
 
-def build_program(model: SimModel, budget: int, queues: bool = True) -> Program:
-    """Every row of the program for ``model`` under ``budget`` bytes (at least one map);
-    without ``queues``, not the swap-out queue's gated rows (milp_needs.queue_rows)."""
+def build_program(model: SimModel, budget: int) -> Program:
+    """Every row of the program for ``model`` under ``budget`` bytes (at least one map)."""
     at = Layout.of(model)
-    rows = time_rows(model, at) + (queue_rows(model, at) if queues else [])
+    rows = time_rows(model, at)
     memory, room = memory_rows(model, budget)
     sources, width, lowered, gates = source_rows(model, at, memory, at.free)
     copying, copy_room = copy_memory_rows(model, at, room, memory, lowered)
     prefetch, binaries, width = prefetch_rows(model, at, memory, lowered, width)
-    return Program(rows + sources + prefetch, memory + copying,
+    return Program(rows + sources + prefetch, queue_rows(model, at), memory + copying,
                    np.concatenate([room, copy_room]), width, at, lowered, gates, binaries)
 
 

@@ -110,12 +110,21 @@ def copy_memory_rows(model: SimModel, at: Layout, room: np.ndarray, memory: Rows
     in_rate = bandwidth(nbytes[swappable], model.si_s[swappable])
     if not math.isfinite(in_rate):
         return rows, np.array(rhs)
-    early = [e for segments in lowered.values() for e, _, n_col in segments if n_col >= 0]
-    needs = np.unique(np.r_[model.bwd_first[swappable], early].astype(np.int64))
+    # the boundaries where a map's "swapped and needed by" changes: its own first need and
+    # its recompute chains' (only those maps' terms differ between q and q2)
+    changes: dict[int, set[int]] = {}
+    for i in swappable.tolist():
+        changes.setdefault(int(model.bwd_first[i]), set()).add(i)
+        for e, _, n_col in lowered.get(i, ()):
+            if n_col >= 0:
+                changes.setdefault(e, set()).add(i)
+    needs = np.array(sorted(changes), np.int64)
     for q in range(n_fwd, n):
+        coming: set[int] = set()
         for q2 in needs[needs > q][:NEED_WINDOW].tolist():
+            coming |= changes[q2]
             cols = dict(memory[q][0])
-            for i in swappable.tolist():
+            for i in sorted(coming):
                 for c, v in needed_by(model, lowered, i, q2).items():
                     cols[c] = cols.get(c, 0.0) + v * nbytes[i]
                 for c, v in needed_by(model, lowered, i, q).items():

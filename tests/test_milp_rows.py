@@ -63,7 +63,7 @@ def true_columns(model: SimModel, codes: np.ndarray, budget: int, program: Progr
 def violations(program: Program, x: np.ndarray) -> list[str]:
     """The rows ``x`` breaks, described."""
     out = []
-    for k, (cols, low) in enumerate(program.rows):
+    for k, (cols, low) in enumerate(program.rows + program.queues):
         value = sum(v * x[c] for c, v in cols.items())
         if value < low - 1e-9 * max(1.0, abs(low)):
             out.append(f"row {k}: {value!r} < {low!r}")
