@@ -84,8 +84,10 @@ cannot be right raises ProfileError naming the table (or file), row and column.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import math
+import pickle
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -156,6 +158,7 @@ class Profile:
             raise ProfileError("meta must be a dict")
         self.action_s = _action_seconds(self.action_s)
         self.check()
+        self._checked_tables = self.tables_digest()
 
     # ------------------------------------------------------------ views
     @property
@@ -300,6 +303,20 @@ class Profile:
         problems = check_tables(self.ops, self.tensors, self.memory)
         if problems:
             raise ProfileProblems(problems)
+
+    def tables_digest(self) -> bytes:
+        """A digest of the three tables, cells included (an edit in place changes it)."""
+        digest = hashlib.blake2b(digest_size=20)
+        for frame in (self.ops, self.tensors, self.memory):
+            digest.update(pickle.dumps(frame, protocol=pickle.HIGHEST_PROTOCOL))
+        return digest.digest()
+
+    def check_unless_checked(self, tables_digest: bytes) -> None:
+        """``check``, unless the tables (their ``tables_digest``) are still those checked when
+        the profile was made: a profile is built every profiled iteration and compiled right
+        after, and checking it twice cost a sixth of a build."""
+        if tables_digest != getattr(self, "_checked_tables", None):
+            self.check()
 
     def validate(self) -> list[str]:
         """Every problem of the tables, each naming table, row and column; [] when sound."""

@@ -193,7 +193,9 @@ def parse_frame(table: str, rows: list[dict] | pd.DataFrame, problems: list[Prob
                 problems.append(Problem(table, None, column.name, "missing"))
                 continue
             cells = [math.nan] * len(rows)
-        typed = _already_typed(column, cells)
+        typed: np.ndarray | list | None = _already_typed(column, cells)
+        if typed is None:
+            typed = _plain_cells(column, cells)
         if typed is not None:
             parsed[column.name] = typed
             continue
@@ -234,6 +236,39 @@ def _already_typed(column: Column, cells: list | pd.Series) -> np.ndarray | None
     if kind == "i" and len(array) and max(int(array.max()), -int(array.min())) > MAX_BYTES:
         return None
     return array.astype(SCALAR_TYPES[column.parse])
+
+
+# cell types each rule reads as they are (what the profilers' dict rows hold): a column of
+# only these is taken whole, not cell by cell (a profile is built every profiled iteration)
+_PLAIN_TYPES: dict[Callable[[Any], Any], tuple[type, ...]] = {
+    parse_int: (int, np.int64), _parse_float: (float, np.float64), _parse_bool: (bool, np.bool_),
+    _parse_str: (str,)}
+
+
+def _plain_cells(column: Column, cells: list | pd.Series) -> np.ndarray | list | None:
+    """Dict rows' column whose cells all have the exact types its rule reads unchanged (ints
+    within MAX_BYTES, floats, booleans, strings, lists of such ints), typed as the rule
+    would type them; None otherwise: then each cell is read."""
+    if isinstance(cells, pd.Series) or not cells:
+        return None
+    if column.parse is _parse_int_list:
+        if all(type(cell) is list and all(type(v) is int and -MAX_BYTES <= v <= MAX_BYTES
+                                          for v in cell) for cell in cells):
+            return [list(cell) for cell in cells]
+        return None
+    plain = _PLAIN_TYPES.get(column.parse)
+    if plain is None or not all(type(cell) in plain for cell in cells):
+        return None
+    if column.parse is _parse_str:
+        return list(cells)
+    try:
+        array = np.asarray(cells, dtype=SCALAR_TYPES[column.parse])
+    except OverflowError:       # an int beyond int64: read cell by cell, which names it
+        return None
+    if column.parse is parse_int and len(array) and max(int(array.max()),
+                                                       -int(array.min())) > MAX_BYTES:
+        return None
+    return array
 
 
 def read_header(path: Path) -> dict:

@@ -163,3 +163,42 @@ def test_cleared_parameter_gradients_are_events_where_the_loop_holds_them():
     assert profile.memory_curve()[-1] == profile.resident_bytes
     with pytest.raises(ValueError, match="not forward ops"):
         builder.parameter_gradient(8, [99], in_forward=False)
+
+
+def test_dict_rows_read_whole_columns_exactly_as_cell_by_cell(toy_profile, monkeypatch):
+    """The builders' dict rows take the whole-column path; the same rows as text (what a
+    CSV gives) are read cell by cell: the frames agree in values and types, and a cell the
+    whole-column path must not accept (an int beyond the byte limit or int64, a boolean in an
+    integer column) is still named as a problem."""
+    from pooch_ext import profile_format
+    from pooch_ext.profile_check import MAX_BYTES
+    from pooch_ext.profile_format import parse_frame
+
+    taken_whole = []
+    whole_columns = profile_format._plain_cells
+
+    def spied(column, cells):
+        typed = whole_columns(column, cells)
+        if typed is not None:
+            taken_whole.append(column.name)
+        return typed
+    monkeypatch.setattr(profile_format, "_plain_cells", spied)
+
+    for table in ("ops", "tensors", "memory"):
+        frame = getattr(toy_profile, table)
+        rows = [{k: (list(v) if isinstance(v, list) else v) for k, v in row.items()}
+                for row in frame.to_dict("records")]
+        as_text = [{k: (" ".join(map(str, v)) if isinstance(v, list) and k != "configs" else
+                        v if isinstance(v, (list, tuple)) else str(v)) for k, v in row.items()}
+                   for row in rows]
+        problems: list = []
+        whole = parse_frame(table, rows, problems)
+        by_cell = parse_frame(table, as_text, problems)
+        assert problems == []
+        pd.testing.assert_frame_equal(whole, by_cell)
+    assert {"op", "inputs", "bytes", "duration_s", "kind", "can_keep"} <= set(taken_whole)
+    rows = toy_profile.memory.to_dict("records")
+    for bad in (MAX_BYTES + 1, 2**70, True):
+        problems = []
+        parse_frame("memory", [dict(rows[0], bytes=bad)] + rows[1:], problems)
+        assert [(p.row, p.column) for p in problems] == [(0, "bytes")]

@@ -184,3 +184,20 @@ def test_rows_given_as_dicts_read_a_missing_key_as_a_missing_cell(toy_profile):
     with pytest.raises(ProfileError) as error:
         remake(toy_profile, frames)
     assert "column 'bytes'" in str(error.value) and "missing" in str(error.value)
+
+
+def test_a_profile_is_checked_once_unless_edited_after_it_was_made(monkeypatch):
+    """Compiling a profile whose tables are those checked when it was made does not check
+    them again; an edit in place (even one that leaves the cells sound) does."""
+    from conftest import branchy_builder
+    from pooch_ext.sim.model import compile_profile
+
+    profile = branchy_builder().build(update_s=1e-4)
+    checks = []
+    check = Profile.check
+    monkeypatch.setattr(Profile, "check", lambda self: checks.append(1) or check(self))
+    compile_profile(profile, "pcie3")
+    assert checks == []
+    profile.ops.loc[0, "duration_s"] *= 2
+    compile_profile(profile, "pcie3")
+    assert checks == [1]

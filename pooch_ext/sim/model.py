@@ -13,7 +13,6 @@ from it.
 from __future__ import annotations
 
 import hashlib
-import pickle
 from collections import OrderedDict
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -90,12 +89,11 @@ _CACHE: OrderedDict[bytes, SimModel] = OrderedDict()
 CACHE_SIZE = 16
 
 
-def fingerprint(profile: Profile, link: Link | None) -> bytes:
-    """A digest of everything ``_compile`` reads: the three tables (cells included, so edits
-    in place count), resident bytes, the action costs, the profile's link and ``link``."""
-    digest = hashlib.blake2b(digest_size=20)
-    for frame in (profile.ops, profile.tensors, profile.memory):
-        digest.update(pickle.dumps(frame, protocol=pickle.HIGHEST_PROTOCOL))
+def fingerprint(tables_digest: bytes, profile: Profile, link: Link | None) -> bytes:
+    """A digest of everything ``_compile`` reads: the three tables (``tables_digest``: cells
+    included, so edits in place count), resident bytes, the action costs, the profile's link
+    and ``link``."""
+    digest = hashlib.blake2b(tables_digest, digest_size=20)
     digest.update(repr((profile.resident_bytes, profile.link, link,
                         sorted(profile.action_s.items()),
                         profile.meta.get(HELD_BETWEEN_OPS))).encode())
@@ -106,12 +104,14 @@ def compile_profile(profile: Profile, link: Link | str | None = None) -> SimMode
     """The SimModel of ``profile`` on ``link`` (None: the profile's own swap times).
 
     Cached by content, so the result depends only on what the profile holds now; a profile
-    compiled for the first time (or changed since) is checked first (ProfileError)."""
+    compiled for the first time is checked first (ProfileError), unless its tables are still
+    those checked when it was made."""
     link_obj = None if link is None else get_link(link)
-    key = fingerprint(profile, link_obj)
+    tables = profile.tables_digest()
+    key = fingerprint(tables, profile, link_obj)
     model = _CACHE.get(key)
     if model is None:
-        profile.check()
+        profile.check_unless_checked(tables)
         model = _compile(profile, link_obj)
         _CACHE[key] = model
         while len(_CACHE) > CACHE_SIZE:
