@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import matplotlib.image as mpimg
+import numpy as np
 import pandas as pd
 import pytest
 from conftest import cuda_available
@@ -150,6 +151,20 @@ def test_planner_scale(tmp_path):
     assert (ps.violations(monotone, "sweep_s").violations == 0).all()
     gap = tables["gap.csv"]
     assert (gap.pooch_s >= gap.bound_s * (1 - 1e-9)).all() and (gap.bound_s > 0).all()
+    assert not (tmp_path / "longer.csv").exists()     # pooch is at the bound here
+    # a row above the bound (set so) gets the longer search, never below the bound
+    gap.loc[:, "gap"] = 0.05
+    gap.to_csv(tmp_path / "gap.csv", index=False)
+    assert ps.main(["--parts", "longer", "--out-dir", str(tmp_path),
+                    "--search-factor", "3"]) == 0
+    longer = pd.read_csv(tmp_path / "longer.csv")
+    assert list(longer.columns) == ps.LONGER_COLUMNS and len(longer) == len(gap)
+    assert (longer.search_factor == 3).all()
+    assert (longer.longer_s >= longer.bound_s * (1 - 1e-9)).all()
+    assert np.allclose(longer.best_known_s, longer[["pooch_s", "pooch_milp_s",
+                                                    "longer_s"]].min(axis=1))
+    (tmp_path / "gap.csv").unlink()
+    assert ps.main(["--parts", "longer", "--out-dir", str(tmp_path)]) == 2
 
 
 def test_planner_scale_says_what_it_leaves_out_and_refuses_bad_grids(tmp_path, capsys):

@@ -216,3 +216,28 @@ def test_where_no_checkpoint_plan_fits_pooch_also_refines_the_checkpoints_swappe
                 without = get_policy("pooch").classify(profile, budget, "pcie3")
             assert plan.iteration_time_s <= without.iteration_time_s
     assert found    # (it pays on ResNet-50, not on these: planner_scale.py --parts gap)
+
+
+def test_search_factor_scales_the_refinements_limit_and_one_changes_nothing():
+    """pooch's ``search_factor`` (experiments/planner_scale.py ``longer``) multiplies the
+    refinement's simulation limit: a small one stops the search at it, 1 is the default
+    search itself; anything but a number > 0 is refused before any work."""
+    from pooch_ext.analytic.synthetic import chain_profile
+    from pooch_ext.policies.refine import refine_budget
+
+    rng = np.random.default_rng(0)
+    profile = chain_profile(rng.uniform(1e-4, 3e-4, 60).tolist(), nbytes=[4 << 20] * 60,
+                            link="pcie3")
+    budget = budget_between(profile, 0.3)
+    limit = refine_budget(compile_profile(profile, "pcie3"))
+    pooch = get_policy("pooch")
+    short, whole = SearchStats(), SearchStats()
+    cut = pooch.classify(profile, budget, "pcie3", stats=short, search_factor=0.05)
+    plan = pooch.classify(profile, budget, "pcie3", stats=whole)
+    assert cut.feasible and short.refine_simulations <= round(0.05 * limit) * 1.5
+    assert short.refine_simulations < whole.refine_simulations
+    same = pooch.classify(profile, budget, "pcie3", search_factor=1)
+    assert same.classes == plan.classes and same.iteration_time_s == plan.iteration_time_s
+    for bad in (0, -1.0, float("nan"), float("inf"), True, "2"):
+        with pytest.raises(ValueError, match="search_factor"):
+            pooch.classify(profile, budget, "pcie3", search_factor=bad)

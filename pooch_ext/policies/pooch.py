@@ -44,12 +44,19 @@ from pooch_ext.sim.model import SimModel, codes_of, search_memo
 
 def classify(profile: Profile, budget: int | str | None = None, link: Link | str | None = None,
              refine: bool = True, stats: SearchStats | None = None,
-             host_budget: int | str | None = None, seeds: Sequence[Plan] = ()) -> Plan:
+             host_budget: int | str | None = None, seeds: Sequence[Plan] = (),
+             search_factor: float = 1.0) -> Plan:
     """The PoocH plan ("pooch-paper" without the refinement); ``stats`` (optional) receives
     the search's counters. ``seeds``: plans of the same profile to refine from as well (for
     example the plan for a smaller budget or a slower link: policies/sweep.py); the result
     is never slower here than any of them that fits, since the refinement only improves
-    (``refine=False`` has no refinement and ignores them)."""
+    (``refine=False`` has no refinement and ignores them). ``search_factor``: the
+    refinement's simulation limit times this (studies of plan quality against search time,
+    experiments/planner_scale.py ``longer``; a longer search is not always faster: the limit
+    also decides how multi_start shares it between seeds)."""
+    if isinstance(search_factor, bool) or not (isinstance(search_factor, (int, float))
+                                               and 0 < search_factor < math.inf):
+        raise ValueError(f"search_factor must be a number > 0, got {search_factor!r}")
     ctx = Context(profile, budget, link, "pooch" if refine else "pooch-paper", host_budget)
     host = ctx.host_budget
     stats = stats if stats is not None else SearchStats()
@@ -69,20 +76,21 @@ def classify(profile: Profile, budget: int | str | None = None, link: Link | str
                 given = codes_of(ctx.model, plan.classes)
                 if fits(ctx.model, given, ctx.budget, host):
                     seeds_by_name[f"given {k}"] = given
-            codes, _ = multi_start(ctx.model, seeds_by_name, ctx.budget, stats=stats,
+            limit = max(1, round(refine_budget(ctx.model) * search_factor))
+            codes, _ = multi_start(ctx.model, seeds_by_name, ctx.budget, limit, stats=stats,
                                    host_budget=host)
             if checkpoints is None:
                 codes = _or_swapped_checkpoints(ctx.model, codes, ctx.budget, spacing, stats,
-                                                host)
+                                                host, limit // 2)
             codes, _ = fill_keeps(ctx.model, codes, ctx.budget, stats=stats, host_budget=host)
     return ctx.plan(codes, "early", r=stats.r)
 
 
 def _or_swapped_checkpoints(model: SimModel, codes: np.ndarray, budget: int, spacing: int,
-                            stats: SearchStats, host: float) -> np.ndarray:
+                            stats: SearchStats, host: float, limit: int) -> np.ndarray:
     """Where no checkpoint plan fits: the checkpoints swapped instead of kept, every other
-    map rebuilt (sqrt_n.swapped_checkpoints), refined on their own with half the refinement's
-    limit more, where that ends faster than ``codes``. Apart, not one more seed of
+    map rebuilt (sqrt_n.swapped_checkpoints), refined on their own with ``limit`` more (half
+    the refinement's), where that ends faster than ``codes``. Apart, not one more seed of
     ``multi_start``: a seed takes a share of the others' work, and as one it made a
     data-parallel case of results/ 0.7% slower; so the search's own plan is as before."""
     seed = swapped_checkpoints(model, budget, spacing)
@@ -90,7 +98,7 @@ def _or_swapped_checkpoints(model: SimModel, codes: np.ndarray, budget: int, spa
         return codes
     ev = Evaluator(model, budget, stats, host)
     stats.seed_times["swapped checkpoints"] = ev.time(seed)
-    refined, _ = refine_codes(model, seed, budget, refine_budget(model) // 2, stats, ev)
+    refined, _ = refine_codes(model, seed, budget, limit, stats, ev)
     if ev.time(refined) < ev.time(codes):
         stats.seed = "swapped checkpoints"
         return refined
