@@ -23,7 +23,8 @@ pooch's distance to a proven lower bound on real networks.
    times its simulations, and the fastest plan any search found, which bounds the optimum
    from above (``longer.csv``).
 
-Writes <out>/depth.csv + depth.png, monotone.csv + monotone.png, gap.csv, longer.csv. The depth part
+Writes <out>/depth.csv + depth.png, monotone.csv + monotone.png, gap.csv + gap.png (plan
+quality against the bound), longer.csv. The depth part
 also runs against an earlier commit's package (``PYTHONPATH=<its checkout>``, ``--label
 _before``); depth.png then shows those times too.
 
@@ -294,11 +295,43 @@ def longer(table: pd.DataFrame, factor: float, above: float = 1e-3) -> pd.DataFr
     return pd.DataFrame(rows, columns=LONGER_COLUMNS)
 
 
+def plot_gap(gap_table: pd.DataFrame, longer_table: pd.DataFrame | None, path: Path) -> None:
+    """Plan quality against the bound, one panel per network and link: pooch, pooch-milp and
+    the bound as fractions of in-core time; shaded, where the optimum lies (from the bound
+    to the fastest plan found, longer.csv's where it belongs to these rows)."""
+    best = gap_table[["pooch_s", "pooch_milp_s"]].min(axis=1)
+    if longer_table is not None and not longer_table.empty:
+        keys = ["network", "link", "fraction"]
+        joined = gap_table[keys + ["pooch_s"]].merge(
+            longer_table[keys + ["pooch_s", "best_known_s"]], on=keys, how="left",
+            suffixes=("", "_longer"))
+        same = np.isclose(joined.pooch_s, joined.pooch_s_longer, rtol=1e-12)   # not stale
+        best = np.where(same, np.minimum(best, joined.best_known_s), best)
+    table = gap_table.assign(best_s=best)
+    panels = list(dict.fromkeys(zip(table.network, table.link)))
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.4 * len(panels), 3.4), squeeze=False)
+    for ax, (network, link) in zip(axes[0], panels):
+        sel = table[(table.network == network) & (table.link == link)].sort_values("fraction")
+        rel = {c: sel[c] / sel.incore_s for c in ("pooch_s", "pooch_milp_s", "bound_s", "best_s")}
+        ax.fill_between(sel.fraction, rel["bound_s"], rel["best_s"], color="tab:green",
+                        alpha=0.25, lw=0, label="optimum lies here")
+        ax.plot(sel.fraction, rel["bound_s"], "-", color="tab:green", label="bound (MILP)")
+        ax.plot(sel.fraction, rel["pooch_milp_s"], "s", ms=4, mfc="none", color="tab:orange",
+                label="pooch-milp")
+        ax.plot(sel.fraction, rel["pooch_s"], "o-", ms=3, color="tab:blue", label="pooch")
+        ax.set_title(f"{network} {link}", fontsize=9)
+        ax.set_xlabel("budget / in-core")
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("predicted iteration / in-core")
+    axes[0][0].legend(fontsize=7)
+    common.save(fig, path)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--parts", nargs="+", default=["depth", "monotone", "gap", "longer"],
                     choices=["depth", "monotone", "gap", "longer", "plots"],
-                    help="plots: redraw depth.png and monotone.png from the CSVs; longer: a "
+                    help="plots: redraw depth.png, monotone.png and gap.png from the CSVs; longer: a "
                     "longer pooch search where gap.csv's gap is above 0.1%% (longer.csv)")
     ap.add_argument("--layers", type=common.ints, default=[50, 125, 250, 500, 1000, 2000])
     ap.add_argument("--real", nargs="+", default=[r[0] for r in REAL],
@@ -373,6 +406,11 @@ def main(argv: list[str] | None = None) -> int:
             common.write_csv(table, args.out_dir / "longer.csv")
             print(table[["network", "link", "fraction", "pooch_s", "longer_s", "best_known_s",
                          "bound_s", "gap_to_best_known", "gap"]].to_string(index=False))
+    if {"gap", "longer", "plots"} & set(args.parts) and (args.out_dir / "gap.csv").exists():
+        longer_csv = args.out_dir / "longer.csv"
+        plot_gap(pd.read_csv(args.out_dir / "gap.csv"),
+                 pd.read_csv(longer_csv) if longer_csv.exists() else None,
+                 args.out_dir / "gap.png")
     return 0
 
 

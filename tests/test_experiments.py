@@ -143,7 +143,7 @@ def test_planner_scale(tmp_path):
                     "--fractions", "0.8", "0.9", "--gbps", "8", "16",
                     "--gap-fractions", "0.95"]) == 0
     tables = check_outputs(tmp_path, ["depth.csv", "monotone.csv", "gap.csv"],
-                           ["depth.png", "monotone.png"])
+                           ["depth.png", "monotone.png", "gap.png"])
     depth = tables["depth.csv"]
     assert set(depth.kind) == {"chain", "random", "real"} and depth.feasible.all()
     assert (depth.relative_to_incore >= 1 - 1e-9).all()
