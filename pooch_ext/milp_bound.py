@@ -39,9 +39,14 @@ raised the bound from 1.745 to 1.765 s and its plan's simulated time fell from 2
 """
 from __future__ import annotations
 
+import ctypes
 import math
+import os
+import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Iterator
 
 import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
@@ -120,15 +125,16 @@ def _solve(model: SimModel, budget: int, program: Program, time_limit_s: float,
     whole = [o for o, _, _ in program.binaries]
     integral[whole] = 1
     upper[whole] = 1.0
-    result = milp(c=cost, integrality=integral,
-                  bounds=Bounds(np.zeros(width), upper),
-                  constraints=[
-                      LinearConstraint(_sparse(rows, width), [low for _, low in rows], np.inf),
-                      # in units of the budget: bytes beside seconds upset HiGHS's numerics
-                      LinearConstraint(_sparse(memory, width) / budget, -np.inf, room / budget),
-                      LinearConstraint(_sparse([({i: 1.0, m + i: 1.0, 2 * m + i: 1.0}, 1.0)
-                                                for i in range(m)], width), 1.0, 1.0)],
-                  options={"time_limit": max(time_limit_s, 1e-3), "disp": False})
+    with _solver_output_dropped():
+        result = milp(c=cost, integrality=integral,
+                      bounds=Bounds(np.zeros(width), upper),
+                      constraints=[
+                          LinearConstraint(_sparse(rows, width), [low for _, low in rows], np.inf),
+                          # in units of the budget: bytes beside seconds upset HiGHS's numerics
+                          LinearConstraint(_sparse(memory, width) / budget, -np.inf, room / budget),
+                          LinearConstraint(_sparse([({i: 1.0, m + i: 1.0, 2 * m + i: 1.0}, 1.0)
+                                                    for i in range(m)], width), 1.0, 1.0)],
+                      options={"time_limit": max(time_limit_s, 1e-3), "disp": False})
     count = len(rows) + len(memory) + m
     floor = float(model.dur.sum())
     if result.x is None:
@@ -186,3 +192,37 @@ def _sparse(rows: Rows, width: int) -> coo_matrix:
         c += list(cols)
         v += list(cols.values())
     return coo_matrix((v, (r, c)), shape=(len(rows), width))
+
+
+@contextmanager
+def _solver_output_dropped() -> Iterator[None]:
+    """The process's standard output (file descriptor 1) to the null device for a solve:
+    HiGHS prints "HighsMipSolverData::transformNewIntegerFeasibleSolution tmpSolver.run();"
+    from C++ even with its output off (jump-dev/HiGHS.jl#312), into the user's tables and
+    progress bars. C's own buffer is emptied before fd 1 is given back, or what HiGHS left in
+    it would reach the user later (and before it is taken, so that what was there does).
+    Without an fd 1 to redirect, the solve runs as it is."""
+    sys.stdout.flush()
+    _c_stdio_flushed()
+    try:
+        saved = os.dup(1)
+    except OSError:
+        yield
+        return
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, 1)
+        os.close(null)
+        yield
+    finally:
+        _c_stdio_flushed()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+def _c_stdio_flushed() -> None:
+    """C's ``fflush(NULL)``, where the C library can be loaded."""
+    try:
+        ctypes.CDLL(None).fflush(None)
+    except (OSError, AttributeError):
+        pass

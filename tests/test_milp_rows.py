@@ -153,3 +153,25 @@ def test_a_time_limit_before_any_solution_gives_the_dual_bound_not_an_error(monk
         x=None, status=4, message="numerical trouble", mip_dual_bound=floor))
     with pytest.raises(RuntimeError, match="numerical trouble"):
         milp_bound(model, budget, time_limit_s=5)
+
+
+def test_the_solvers_own_prints_do_not_reach_the_users_output():
+    """HiGHS prints a line of its own from C++ even with its output off; during a solve the
+    process's standard output goes nowhere, C's buffer included (a pipe: fully buffered, so
+    what a solve leaves there would come out at exit), and comes back after."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import ctypes, os\n"
+            "from pooch_ext import milp_bound\n"
+            "print('before', flush=True)\n"
+            "with milp_bound._solver_output_dropped():\n"
+            "    os.write(1, b'written by C\\n')\n"
+            "    ctypes.CDLL(None).printf(b'buffered by C\\n')\n"
+            "print('after', flush=True)\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "before\nafter\n"
