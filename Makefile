@@ -12,7 +12,7 @@ MPIEXEC := $(BIN)/mpiexec
 PIPENV := PIP_CONSTRAINT=$(CURDIR)/constraints.txt PIP_BUILD_CONSTRAINT=$(CURDIR)/constraints.txt \
           PIP_DISABLE_PIP_VERSION_CHECK=1
 
-.PHONY: install demo test lint experiments bench gpu-wheels clean demo-mpi test-mpi
+.PHONY: install demo test test-slow lint experiments bench gpu-wheels clean demo-mpi test-mpi
 
 install: $(STAMP)
 
@@ -26,8 +26,14 @@ demo: $(STAMP)
 
 # one BLAS thread per test worker: two workers with a thread per core each would share the
 # two cores four ways (the suite took twice as long)
+TEST_ENV = OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
+# the suite but the tests marked slow (the experiment scripts end to end, every example
+# network, the demo): within 3 minutes on 2 cores; CI runs test-slow after it
 test: $(STAMP)
-	OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(BIN)/python -m pytest -q -n 2 -m "not mpi"
+	$(TEST_ENV) $(BIN)/python -m pytest -q -n 2 -m "not mpi and not slow"
+
+test-slow: $(STAMP)
+	$(TEST_ENV) $(BIN)/python -m pytest -q -n 2 -m "slow and not mpi"
 
 # data-parallel (ChainerMN over MPI, CPU): the environment gains the `mpi` extra
 $(MPI_STAMP): $(STAMP)

@@ -387,6 +387,7 @@ def test_data_parallel_scaling(tmp_path):
     assert (table.end_of_backward_bytes < 16 * 2 ** 30).all()
 
 
+@pytest.mark.slow
 def test_gist_encodings(tmp_path):
     import gist_encodings as gist
 
