@@ -53,7 +53,7 @@ def classify(profile: Profile, budget: int | str | None = None, link: Link | str
     (``refine=False`` has no refinement and ignores them). ``search_factor``: the
     refinement's simulation limit times this (studies of plan quality against search time,
     experiments/planner_scale.py ``longer``; a longer search is not always faster: the limit
-    also decides how multi_start shares it between seeds)."""
+    also decides how multi_start shares it between seeds, and so where their scans restart)."""
     if isinstance(search_factor, bool) or not (isinstance(search_factor, (int, float))
                                                and 0 < search_factor < math.inf):
         raise ValueError(f"search_factor must be a number > 0, got {search_factor!r}")
