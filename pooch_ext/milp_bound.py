@@ -55,7 +55,7 @@ from scipy.sparse import coo_matrix
 from pooch_ext.errors import BudgetTooSmallError
 from pooch_ext.milp_needs import (Gates, Layout, Lowered, Rows, prefetch_rows, queue_rows,
                                   source_rows)
-from pooch_ext.milp_rows import copy_memory_rows, memory_rows, time_rows
+from pooch_ext.milp_rows import all_swapped, copy_memory_rows, memory_rows, time_rows
 from pooch_ext.sim.budgets import fits, model_minimum
 from pooch_ext.sim.engine import run
 from pooch_ext.sim.model import KEEP, RECOMPUTE, SWAP, SimModel
@@ -176,10 +176,11 @@ def build_program(model: SimModel, budget: int) -> Program:
     """Every row of the program for ``model`` under ``budget`` bytes (at least one map)."""
     at = Layout.of(model)
     rows = time_rows(model, at)
-    memory, room = memory_rows(model, budget)
+    holes = all_swapped(model, budget)
+    memory, room = memory_rows(model, holes)
     sources, width, lowered, gates = source_rows(model, at, memory, at.free)
     copying, copy_room = copy_memory_rows(model, at, room, memory, lowered)
-    prefetch, binaries, width = prefetch_rows(model, at, memory, lowered, width)
+    prefetch, binaries, width = prefetch_rows(model, at, memory, lowered, width, holes.top)
     return Program(rows + sources + prefetch, queue_rows(model, at), memory + copying,
                    np.concatenate([room, copy_room]), width, at, lowered, gates, binaries)
 

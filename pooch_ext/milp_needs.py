@@ -22,7 +22,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pooch_ext.policies.search import KeepRoom
 from pooch_ext.sim.model import RECOMPUTE, SWAP, SimModel
 
 Rows = list[tuple[dict[int, float], float]]     # ({column: coefficient}, bound)
@@ -199,16 +198,15 @@ def needed_by(model: SimModel, lowered: Lowered, i: int, b: int) -> dict[int, fl
 
 
 def prefetch_rows(model: SimModel, at: Layout, memory: Rows, lowered: Lowered,
-                  first_col: int) -> tuple[Rows, list[tuple[int, int, int]], int]:
+                  first_col: int, top: np.ndarray) -> tuple[Rows, list[tuple[int, int, int]], int]:
     """Whole swap-ins: o(s, q) = 1 (binary, o <= x_s - N_q) where swapped map s, needed
     after backward boundary q, is on the device during op q; memory at q holds it (added to
     ``memory`` in place); otherwise all of its swap-in runs after op q and before the op
     that needs it. Only at the ``PREFETCH_PEAKS`` highest boundaries (fewest maps kept)
-    within ``PREFETCH_WINDOW`` of its earliest need: each binary costs solver time.
-    Returns the rows, the binaries as (column, map, boundary) and the next free
-    column."""
+    within ``PREFETCH_WINDOW`` of its earliest need (``top``: the tightest level with no
+    map kept, milp_rows.all_swapped): each binary costs solver time. Returns the rows, the
+    binaries as (column, map, boundary) and the next free column."""
     m, A = at.m, at.A
-    top = KeepRoom(model, np.full(m, SWAP), 0).top
     rows: Rows = []
     binaries: list[tuple[int, int, int]] = []
     col = first_col

@@ -62,15 +62,21 @@ def time_rows(model: SimModel, at: Layout) -> Rows:
     return rows
 
 
-def memory_rows(model: SimModel, budget: int) -> tuple[Rows, np.ndarray]:
+def all_swapped(model: SimModel, budget: int) -> KeepRoom:
+    """The keep walk's room from every map swapped: each map's hole (``lo``, ``hi``) and the
+    tightest level with no map kept (``top``), what the memory rows and the whole swap-ins'
+    peaks (milp_needs.prefetch_rows) start from."""
+    return KeepRoom(model, np.full(model.m, SWAP), budget)
+
+
+def memory_rows(model: SimModel, holes: KeepRoom) -> tuple[Rows, np.ndarray]:
     """Per boundary: each kept map's hole, and the room the tightest level with no map kept
-    leaves under ``budget``."""
-    room = KeepRoom(model, np.full(model.m, SWAP), budget)   # the keep walk's holes
+    leaves under the budget (``holes``: ``all_swapped``)."""
     memory: list[dict[int, float]] = [{} for _ in range(model.n + 1)]
     for i in range(model.m):
-        for b in range(int(room.lo[i]), int(room.hi[i])):
+        for b in range(int(holes.lo[i]), int(holes.hi[i])):
             memory[b][i] = float(model.nbytes[i])
-    return [(cols, 0.0) for cols in memory], budget - room.top.astype(float)
+    return [(cols, 0.0) for cols in memory], holes.budget - holes.top.astype(float)
 
 
 def copy_memory_rows(model: SimModel, at: Layout, room: np.ndarray, memory: Rows,
