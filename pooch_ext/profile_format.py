@@ -193,9 +193,7 @@ def parse_frame(table: str, rows: list[dict] | pd.DataFrame, problems: list[Prob
                 problems.append(Problem(table, None, column.name, "missing"))
                 continue
             cells = [math.nan] * len(rows)
-        typed: np.ndarray | list | None = _already_typed(column, cells)
-        if typed is None:
-            typed = _plain_cells(column, cells)
+        typed = _whole_column(column, cells)
         if typed is not None:
             parsed[column.name] = typed
             continue
@@ -224,20 +222,6 @@ def _column_cells(rows: list[dict] | pd.DataFrame) -> Callable[[str], Any]:
     return lambda name: [row.get(name, math.nan) for row in rows] if name in names else None
 
 
-def _already_typed(column: Column, cells: list | pd.Series) -> np.ndarray | None:
-    """A frame's number or boolean column that already has its type (every cell read as it
-    is), or None: then each cell is read."""
-    if column.parse not in SCALAR_TYPES or not isinstance(cells, pd.Series):
-        return None
-    kind = np.dtype(SCALAR_TYPES[column.parse]).kind
-    if cells.dtype.kind != kind:
-        return None
-    array = cells.to_numpy()
-    if kind == "i" and len(array) and max(int(array.max()), -int(array.min())) > MAX_BYTES:
-        return None
-    return array.astype(SCALAR_TYPES[column.parse])
-
-
 # cell types each rule reads as they are (what the profilers' dict rows hold): a column of
 # only these is taken whole, not cell by cell (a profile is built every profiled iteration)
 _PLAIN_TYPES: dict[Callable[[Any], Any], tuple[type, ...]] = {
@@ -245,28 +229,37 @@ _PLAIN_TYPES: dict[Callable[[Any], Any], tuple[type, ...]] = {
     _parse_str: (str,)}
 
 
-def _plain_cells(column: Column, cells: list | pd.Series) -> np.ndarray | list | None:
-    """Dict rows' column whose cells all have the exact types its rule reads unchanged (ints
-    within MAX_BYTES, floats, booleans, strings, lists of such ints), typed as the rule
-    would type them; None otherwise: then each cell is read."""
-    if isinstance(cells, pd.Series) or not cells:
+def _whole_column(column: Column, cells: list | pd.Series) -> np.ndarray | list | None:
+    """A column whose every cell its rule would read unchanged, typed as the rule types it,
+    or None (then each cell is read): a frame's number or boolean column that already has
+    its type, or dict rows' cells that all have the exact types of ``_PLAIN_TYPES`` (lists
+    of such ints for integer lists); integers within MAX_BYTES either way."""
+    if isinstance(cells, pd.Series):
+        if column.parse not in SCALAR_TYPES:
+            return None
+        dtype = np.dtype(SCALAR_TYPES[column.parse])
+        if cells.dtype.kind != dtype.kind:
+            return None
+        array = cells.to_numpy().astype(dtype)
+    elif not cells:
         return None
-    if column.parse is _parse_int_list:
+    elif column.parse is _parse_int_list:
         if all(type(cell) is list and all(type(v) is int and -MAX_BYTES <= v <= MAX_BYTES
                                           for v in cell) for cell in cells):
             return [list(cell) for cell in cells]
         return None
-    plain = _PLAIN_TYPES.get(column.parse)
-    if plain is None or not all(type(cell) in plain for cell in cells):
-        return None
-    if column.parse is _parse_str:
-        return list(cells)
-    try:
-        array = np.asarray(cells, dtype=SCALAR_TYPES[column.parse])
-    except OverflowError:       # an int beyond int64: read cell by cell, which names it
-        return None
-    if column.parse is parse_int and len(array) and max(int(array.max()),
-                                                       -int(array.min())) > MAX_BYTES:
+    else:
+        plain = _PLAIN_TYPES.get(column.parse)
+        if plain is None or not all(type(cell) in plain for cell in cells):
+            return None
+        if column.parse is _parse_str:
+            return list(cells)
+        try:
+            array = np.asarray(cells, dtype=SCALAR_TYPES[column.parse])
+        except OverflowError:       # an int beyond int64: read cell by cell, which names it
+            return None
+    if array.dtype.kind == "i" and len(array) and max(int(array.max()),
+                                                      -int(array.min())) > MAX_BYTES:
         return None
     return array
 

@@ -175,14 +175,14 @@ def test_dict_rows_read_whole_columns_exactly_as_cell_by_cell(toy_profile, monke
     from pooch_ext.profile_format import parse_frame
 
     taken_whole = []
-    whole_columns = profile_format._plain_cells
+    whole_columns = profile_format._whole_column
 
     def spied(column, cells):
         typed = whole_columns(column, cells)
         if typed is not None:
             taken_whole.append(column.name)
         return typed
-    monkeypatch.setattr(profile_format, "_plain_cells", spied)
+    monkeypatch.setattr(profile_format, "_whole_column", spied)
 
     for table in ("ops", "tensors", "memory"):
         frame = getattr(toy_profile, table)
