@@ -40,7 +40,7 @@ import pooch_ext  # noqa: F401  (chainer import compat)
 
 from pooch_ext.errors import DeviceOutOfMemoryError, PoochError  # noqa: F401  (importable here)
 from pooch_ext.hooks.arena import arena_for
-from pooch_ext.hooks.pool_peak import pool_peak_hook, release_pool
+from pooch_ext.hooks.pool_peak import pool_headroom, pool_peak_hook, release_pool
 from pooch_ext.hooks.model_state import resident_bytes
 from pooch_ext.hooks.linkemu import CopyThrottle
 from pooch_ext.links import Link, get_link
@@ -233,6 +233,7 @@ class CupyDevice:
         self._hooked = False
         self.listener = None
         self.arena = arena_for(cupy, arena, profiling=lambda: self.listener is not None)
+        self.pool_headroom = pool_headroom()       # (a diagnostic; 1 unless set)
 
     @property
     def xp(self) -> Any:
@@ -250,7 +251,7 @@ class CupyDevice:
         if self._old_limit is None:
             self._old_limit = int(self.pool.get_limit())
         self.budget = None if budget is None else int(budget)
-        self.pool.set_limit(size=0 if budget is None else int(budget))
+        self.pool.set_limit(size=0 if budget is None else int(budget * self.pool_headroom))
         if self.arena is not None:
             self.arena.install()
 
@@ -300,8 +301,10 @@ class CupyDevice:
     @contextlib.contextmanager
     def apart(self) -> Any:
         """Work that is not training's (split measurements on probes, which run the whole op
-        too) outside the budget, the peak and the arena, as the CPU device counts it apart;
-        its blocks go back to the driver after (under the limit, small-resnet b256's ran out)."""
+        too; the profiler's reruns of an op) outside the budget, the peak and the arena, as the
+        CPU device counts it apart (under the limit, small-resnet b256's ran out). Where it
+        left the pool holding more than the limit, the free blocks go back to the driver: a
+        cached block past the limit would serve later requests the limit never checks."""
         limit = int(self.pool.get_limit())
         peaks = (self._pool_peak.peak, self._pool_peak.total_peak, self._boundary_peak)
         self.pool.set_limit(size=0)
@@ -309,7 +312,8 @@ class CupyDevice:
             with self.host_side():
                 yield
         finally:
-            self.pool.free_all_blocks()
+            if limit and int(self.pool.total_bytes()) > limit:
+                self.pool.free_all_blocks()
             self.pool.set_limit(size=limit)
             self._pool_peak.peak, self._pool_peak.total_peak, self._boundary_peak = peaks
 

@@ -305,8 +305,9 @@ class Profiler:
     def _time_rerun(self, index: int, function: Any, in_data: tuple) -> None:
         """Time a recomputation of this op, as the executor would run it, on the op's own
         inputs (a BatchNormalization reapplies its stored statistics: a third of its forward).
-        What the rerun makes is dropped and the node's state put back, uncounted and unlogged:
-        the iteration goes on as if it never ran."""
+        What the rerun makes is dropped and the node's state put back, apart from the budget
+        and the peak, and unlogged: the iteration goes on as if it never ran. (Under the GPU
+        pool's limit a rerun's second output ran out of memory in every budgeted run: H200.)"""
         if type(function).__name__ not in RECOMPUTABLE:
             return
         device = self.executor.device
@@ -314,7 +315,7 @@ class Profiler:
         timer = device.timer()
         logging, self.log.enabled = self.log.enabled, False
         try:
-            with device.host_side():
+            with device.apart():
                 timer.start()
                 recompute(function, in_data)
                 timer.stop()
@@ -334,7 +335,7 @@ class Profiler:
         relu = type(function).__name__ == "ReLU"
         logging, self.log.enabled = self.log.enabled, False
         try:
-            with device.host_side():
+            with device.apart():       # (on a GPU the counts and codecs make device arrays)
                 for t in executor.trace.ops[index].outputs:
                     array = executor.maps.array_of(t)
                     if array is None or array.dtype.kind != "f" or not array.size:

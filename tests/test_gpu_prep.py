@@ -307,6 +307,46 @@ def test_a_split_measurement_runs_outside_the_budget_and_the_peak_on_the_gpu(fak
     device.restore()
 
 
+def test_work_apart_gives_cached_blocks_back_only_where_the_pool_went_past_its_limit(
+        fake_cupy):
+    """A block cached past the limit would serve later requests the limit never checks (the
+    71.4 MiB peak in a 47.5 MiB budget, H200); within the limit the cache stays, so the
+    profiler's reruns of every op do not send the iteration's blocks back to the driver."""
+    freed = []
+    pool = fake_cupy.get_default_memory_pool()
+    pool.free_all_blocks = lambda: freed.append(fake_cupy.used)
+    device = CupyDevice()
+    device.set_budget(1000)
+    freed.clear()
+    for held in (600, 1400):
+        with device.apart():
+            assert fake_cupy.limit == 0
+            fake_cupy.used = held            # the pool's total when the work apart ends
+        assert fake_cupy.limit == 1000
+    assert freed == [1400]
+    device.restore()
+
+
+def test_a_pool_headroom_lets_the_pool_take_more_than_the_budget_the_plan_holds(
+        fake_cupy, monkeypatch):
+    """The diagnostic that measures a GPU plan past the pool's fragmentation: the budget is
+    what the plan is made for, the pool's limit that times the headroom."""
+    monkeypatch.delenv("POOCH_GPU_POOL_HEADROOM", raising=False)
+    device = CupyDevice()
+    device.set_budget(1000)
+    assert (device.budget, fake_cupy.limit) == (1000, 1000)
+    device.restore()
+    monkeypatch.setenv("POOCH_GPU_POOL_HEADROOM", "1.5")
+    device = CupyDevice()
+    device.set_budget(1000)
+    assert (device.budget, fake_cupy.limit) == (1000, 1500)
+    device.restore()
+    for bad in ("0.9", "nan", "inf", "lots", ""):
+        monkeypatch.setenv("POOCH_GPU_POOL_HEADROOM", bad)
+        with pytest.raises(ValueError, match="POOCH_GPU_POOL_HEADROOM"):
+            CupyDevice()
+
+
 def test_the_arena_is_opt_in_and_is_cupys_allocator_only_while_pooch_runs(fake_cupy,
                                                                          monkeypatch):
     monkeypatch.delenv("POOCH_GPU_ARENA", raising=False)

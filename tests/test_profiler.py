@@ -249,3 +249,34 @@ def test_names_moved_out_of_the_profiler_module_stay_reachable_with_a_warning():
         assert old.build_profile is measured_profile.build_profile
     with pytest.raises(AttributeError):
         getattr(old, "no_such_name")  # noqa: B009 - the lookup is the test
+
+
+def test_the_profilers_reruns_of_an_op_run_apart_from_the_budget(monkeypatch):
+    """Timing an op's rerun makes its outputs a second time: on a GPU, under the pool's limit,
+    that ran out of memory in every budgeted run (H200, 2026-11-27, session 30). It is
+    measurement work, run apart from the budget and the peak as split measurements are."""
+    import contextlib
+
+    from pooch_ext.hooks import profiler
+
+    device_class = type(tracked_device())
+    apart, inside, depth = device_class.apart, [], [0]
+
+    @contextlib.contextmanager
+    def counted_apart(self):
+        depth[0] += 1
+        try:
+            with apart(self):
+                yield
+        finally:
+            depth[0] -= 1
+
+    def rerun(function, inputs):
+        inside.append(depth[0] > 0)
+        return recompute(function, inputs)
+
+    recompute = profiler.recompute
+    monkeypatch.setattr(device_class, "apart", counted_apart)
+    monkeypatch.setattr(profiler, "recompute", rerun)
+    _profiled(iters=2)
+    assert len(inside) > 10 and all(inside)
