@@ -226,6 +226,9 @@ def _write_results(args: argparse.Namespace, gpu: bool, where: str, need: dict, 
         "slowdown": pooch_s / plain_s, "bit_identical": figures["identical"],
         "decision": pooch.decision(), "timeline_png": timeline,
     }
+    arena = getattr(pooch.device, "arena", None)    # the CuPy device's opt-in arena (GPU only)
+    if arena is not None:
+        summary["arena"] = {"served": arena.served, "fallbacks": arena.fallbacks}
     (args.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
 
@@ -243,7 +246,9 @@ def _print_summary(out: Path, summary: dict, plan: Any) -> None:
           f"iteration: plain {plain_s * 1e3:.1f} ms, PoocH {pooch_s * 1e3:.1f} ms "
           f"({pooch_s / plain_s:.2f}x; predicted {plan.iteration_time_s * 1e3:.1f} ms)\n"
           f"losses and parameters bit-identical to plain Chainer: {summary['bit_identical']}\n"
-          f"written to {out}/ (profile/, plan.csv, iterations.csv, allocations.csv, "
+          + (f"arena: {summary['arena']['served']} requests served, "
+             f"{summary['arena']['fallbacks']} left to CuPy's pool\n" if "arena" in summary else "")
+          + f"written to {out}/ (profile/, plan.csv, iterations.csv, allocations.csv, "
           f"losses.csv, loss.png, timeline.png, summary.json)")
 
 

@@ -60,6 +60,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--iters", type=int, default=5)
     parser.add_argument("--profile-iters", type=int, default=2)
     parser.add_argument("--cpu", action="store_true", help="the host-simulated device")
+    parser.add_argument("--log-dir", type=Path, default=None,
+                        help="write every iteration's pool malloc/free events there, with the "
+                             "executor's actions in order (allocations_<policy>.csv, as "
+                             "pool_strategies.py reads them), and the profile and plan")
     parser.add_argument("--async-pool", action="store_true",
                         help="CuPy's MemoryAsyncPool (cudaMallocAsync) instead of its MemoryPool")
     args = parser.parse_args(argv)
@@ -87,14 +91,36 @@ def main(argv: list[str] | None = None) -> int:
         device_of = Unenforced
     for policy in args.policies:
         observe, levels, peaks = _recorder(lambda: current["pooch"], used, total)
+        events: list[tuple] = []
         hook: Any = nullcontext()
         if not args.cpu:
+            def event(kind, kwargs, events=events):
+                runtime = getattr(current["pooch"], "runtime", None)
+                if runtime is not None:
+                    events.append((len(runtime.history), len(events),
+                                   int(getattr(runtime, "_next_boundary", 0)) - 1, kind,
+                                   int(kwargs["mem_size"]), -1, int(kwargs["mem_ptr"])))
+
             class Watch(MemoryHook):
                 name = "PoochDiagnose"
 
                 def malloc_postprocess(self, observe=observe, **kwargs):
                     observe()
+                    event("malloc", kwargs)
+
+                def free_postprocess(self, **kwargs):
+                    event("free", kwargs)
             hook = Watch()
+        # the executor's actions in the same stream, each after the mallocs and frees it made
+        from pooch_ext.hooks.executor import Executor
+        log_action = Executor.log_action
+
+        def logged(self, action, tensor, boundary=None, *rest, log_action=log_action,
+                   events=events, **kwargs):
+            log_action(self, action, tensor, boundary, *rest, **kwargs)
+            events.append((len(self.history), len(events), self.executed[-1][0], action, 0,
+                           int(tensor), 0))
+        Executor.log_action = logged
         model, optimizer = setup_model(args.model, not args.cpu)
         xp = __import__("numpy" if args.cpu else "cupy")
         batches = synthetic_batches(args.iters, args.batch, default_input_size(args.model),
@@ -117,7 +143,18 @@ def main(argv: list[str] | None = None) -> int:
                 result = train(model, optimizer, batches, pooch_args, after_step=after)
         finally:
             pooch_module.PoocH.__enter__ = original_enter
+            Executor.log_action = log_action
         pooch = result.pooch
+        if args.log_dir is not None and pooch is not None and pooch.plan is not None:
+            args.log_dir.mkdir(parents=True, exist_ok=True)
+            pooch.profile.save(args.log_dir / f"profile_{policy}")
+            pooch.plan.to_csv(args.log_dir / f"plan_{policy}.csv")
+        if args.log_dir is not None and events:
+            import pandas as pd
+            from pooch_ext.hooks.allocator import EVENT_COLUMNS
+            args.log_dir.mkdir(parents=True, exist_ok=True)
+            pd.DataFrame(events, columns=["iteration", *EVENT_COLUMNS]).to_csv(
+                args.log_dir / f"allocations_{policy}.csv", index=False)
         print(f"== {args.model} b{args.batch} {policy} planned for {format_bytes(args.budget)}"
               f" ({args.budget} B); error: {result.error!r}")
         if pooch is None:

@@ -35,7 +35,7 @@ RUN_COLUMNS = (
     "status", "plan_feasible", "keep", "swap", "recompute", "classify_s", "iterations",
     "timed_iterations", "predicted_s", "measured_s", "time_error", "wall_s", "images_per_s",
     "predicted_peak_bytes", "measured_peak_bytes", "peak_error", "boundary_peak_bytes",
-    "pool_total_peak_bytes",
+    "pool_total_peak_bytes", "arena_served", "arena_fallbacks",
     "params_identical", "max_abs_diff", "losses_identical", "fitted_d2h_gbps",
     "fitted_h2d_gbps", "relayouts", "on_demand", "deviation", "run_s", "error")
 
@@ -288,6 +288,9 @@ def _fill(row: dict, setup: Setup, result: Any, peaks: list[tuple[float, float]]
     else:
         device = pooch.device
         row["relayouts"] = getattr(device, "relayouts", math.nan)
+        arena = getattr(device, "arena", None)      # the CuPy device's opt-in arena (GPU only)
+        if arena is not None:
+            row["arena_served"], row["arena_fallbacks"] = arena.served, arena.fallbacks
         iterations = pooch.iterations
         executed = iterations.iloc[timed] if len(iterations) else iterations
         if len(executed):
