@@ -21,7 +21,9 @@ batches), so the loss falls.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -32,6 +34,10 @@ from pooch_ext.errors import BudgetTooSmallError
 
 # where --budget-fraction is below any plan's minimum: this far from it to the in-core need
 FALLBACK_WAY = 0.05
+# on a GPU a budget does not hold yet (results/gpu/README.md, H200: plans held up to 15% more,
+# CuPy's pool took 1.5x): the pool may take this times the budget, so the demo runs and
+# shows what the plan held against the budget instead of stopping at an out-of-memory error
+GPU_POOL_HEADROOM = "3"
 
 OUT = Path("results") / "demo"
 
@@ -131,13 +137,37 @@ def main(argv: list[str] | None = None) -> int:
 
         return demo_mpi.main([a for a in argv if a != "--mpi"])
     args = _parse(argv)
+    from pooch_ext.measure import cuda_available
+
+    gpu = cuda_available() and not args.cpu
+    with _gpu_pool_headroom(gpu):
+        return _demo(args, gpu)
+
+
+@contextlib.contextmanager
+def _gpu_pool_headroom(gpu: bool) -> Any:
+    """``GPU_POOL_HEADROOM`` for the CuPy device's pool, unless the user set one."""
+    if not gpu or "POOCH_GPU_POOL_HEADROOM" in os.environ:
+        yield
+        return
+    print(f"note: on a GPU a budget does not hold yet (results/gpu/README.md): CuPy's pool may "
+          f"take up to {GPU_POOL_HEADROOM}x the budget here; the peak printed is what the "
+          f"iteration held", file=sys.stderr)
+    os.environ["POOCH_GPU_POOL_HEADROOM"] = GPU_POOL_HEADROOM
+    try:
+        yield
+    finally:
+        del os.environ["POOCH_GPU_POOL_HEADROOM"]
+
+
+def _demo(args: argparse.Namespace, gpu: bool) -> int:
+    """Steps 1-3 of the module docstring, on the GPU or the CPU device."""
     from tqdm import tqdm
 
     from pooch_ext.testing import side_by_side_figures, train_side_by_side
-    from pooch_ext.measure import cuda_available, setup_model
     from pooch_ext.models import default_input_size, default_n_classes
+    from pooch_ext.measure import setup_model
 
-    gpu = cuda_available() and not args.cpu
     xp, sync = np, None
     if gpu:
         import cupy
@@ -242,8 +272,10 @@ def _print_summary(out: Path, summary: dict, plan: Any) -> None:
           f"recompute {counts['recompute']}\n"
           f"peak device memory: {format_bytes(summary['measured_peak_bytes'])} accounted "
           f"(predicted {format_bytes(summary['predicted_peak_bytes'])}, budget "
-          f"{format_bytes(summary['budget_bytes'])})\n"
-          f"iteration: plain {plain_s * 1e3:.1f} ms, PoocH {pooch_s * 1e3:.1f} ms "
+          f"{format_bytes(summary['budget_bytes'])})"
+          + (" OVER the budget: on a GPU a budget does not hold yet\n"
+             if summary['measured_peak_bytes'] > summary['budget_bytes'] else "\n")
+          + f"iteration: plain {plain_s * 1e3:.1f} ms, PoocH {pooch_s * 1e3:.1f} ms "
           f"({pooch_s / plain_s:.2f}x; predicted {plan.iteration_time_s * 1e3:.1f} ms)\n"
           f"losses and parameters bit-identical to plain Chainer: {summary['bit_identical']}\n"
           + (f"arena: {summary['arena']['served']} requests served, "
