@@ -6,10 +6,10 @@ the plan was made from. At every op boundary it runs the schedule's actions for 
 (hooks/map_actions.py does them). Forward boundary b runs when op b begins; backward boundary
 j+1 as backward op j ends, so frees happen early (its recomputes as op j+1 begins).
 
-An iteration is in one of three modes (``mode``): *scheduled* while it follows its program;
-*on demand* without a program (the first profiling iteration) or once its graph deviated
-(checked at every op; PoocH re-profiles), where hooks/ondemand.py decides; *passive* for a
-loop PoocH cannot plan (every dropped map comes back). A profiler is attached while profiling.
+Modes (``mode``): *scheduled* while it follows its program; *on demand* without a program
+(the first profiling iteration) or once its graph deviated (checked at every op; PoocH
+re-profiles; hooks/ondemand.py decides); *passive* for a loop PoocH cannot plan (every
+dropped map comes back). A profiler is attached while profiling.
 """
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ from pooch_ext.hooks.map_actions import MapActions
 from pooch_ext.hooks.model_state import base_of, made_apart, model_arrays, not_apart
 from pooch_ext.hooks.ondemand import OnDemand
 from pooch_ext.hooks.views import compact
-from pooch_ext.hooks.program import Program
+from pooch_ext.hooks.program import ON_DEMAND, PASSIVE, SCHEDULED, Program
 from pooch_ext.hooks.split_conv import ConvSplit, split, whole_backward
 from pooch_ext.hooks.split_exact import KNOWN
 from pooch_ext.hooks.runtime_device import RuntimeDevice
@@ -38,10 +38,9 @@ from pooch_ext.trace import GraphTrace
 if TYPE_CHECKING:
     from pooch_ext.hooks.profiler import Profiler
 
-SCHEDULED, ON_DEMAND, PASSIVE = "scheduled", "on demand", "passive"
-
 # where the device checks what ran after an iteration's last op (the update, the loop's code)
 AFTER_LAST_OP = "the step after the iteration's last op"
+
 
 class Executor(GraphRecorder):
     """Replay ``program`` (set it with ``use(program)``) at op boundaries on ``device``."""
@@ -139,8 +138,8 @@ class Executor(GraphRecorder):
                 if action in ("recompute", "decode") and not recomputes and b == boundary:
                     return
                 waits, start = not self.maps.landed(action, tensor), time.perf_counter()
-                self.maps.act(action, tensor, final)
-                self.log_action(action, tensor, b, time.perf_counter() - start, waits)
+                if self.maps.act(action, tensor, final):      # (not a map released already)
+                    self.log_action(action, tensor, b, time.perf_counter() - start, waits)
                 self._next_action += 1
             self._next_boundary, self._next_action = b + 1, 0
 
@@ -311,6 +310,7 @@ class Executor(GraphRecorder):
             if reason and not self._switch(index, name):
                 self._deviate(reason)
         self._run_until(index)
+        self.maps.make_room(index)      # (a scheduled iteration's op that would not fit)
         # split where measured exact only: an in-op probe's scratch is in no plan (H200 OOM)
         pieces = None
         if self.mode == SCHEDULED:

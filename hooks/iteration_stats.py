@@ -19,6 +19,7 @@ class IterationStats:
     decodes: int = 0
     inplace: int = 0              # forward ops that wrote over their input
     on_demand: int = 0
+    room_releases: int = 0        # swapped maps released before their time: the op's room
     peak_bytes: int = 0
     started: float = 0.0                             # perf_counter at the first forward op
     finished: float = 0.0                            # perf_counter after the last backward op

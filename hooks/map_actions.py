@@ -20,6 +20,7 @@ schedule (hooks/executor.py) or works on demand (hooks/ondemand.py).
 """
 from __future__ import annotations
 
+import time
 import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
@@ -33,7 +34,7 @@ from pooch_ext.hooks.chainer_refs import (node_array, retained_outputs, set_node
                                           set_retained_outputs, variable_array)
 from pooch_ext.hooks.device import Transfer, broadcast_core
 from pooch_ext.hooks.function_nodes import TAG
-from pooch_ext.hooks.program import ExecutorError
+from pooch_ext.hooks.program import SCHEDULED, ExecutorError
 from pooch_ext.hooks.recompute import recompute
 from pooch_ext.hooks.relu_mask import read_mask
 
@@ -71,6 +72,7 @@ class MapActions:
         self.inputs_held: dict[int, Any] = {}    # network inputs a recompute chain reads
         self.blobs: dict[int, Any] = {}          # encoded form -> its array on the device
         self.layouts: dict[int, tuple] = {}      # encoded form -> the map's strides
+        self.pending: dict[int, None] = {}       # swapped out, not yet released: copy order
 
     def hold_inputs_while(self, node: Any) -> None:
         """The network inputs a recompute chain reads go once ``node`` (the op whose backward
@@ -188,11 +190,13 @@ class MapActions:
         return slot
 
     # ------------------------------------------------------------ the actions
-    def act(self, action: str, tensor: int, final: bool) -> None:
+    def act(self, action: str, tensor: int, final: bool) -> bool:
+        """Do a schedule's action; False where it had nothing to do (a release of a map
+        ``make_room`` released already), so that it is not logged twice."""
         if action == "swap_out":
             self.swap_out(tensor)
         elif action == "release":
-            self.release(tensor)
+            return self.release(tensor)
         elif action == "swap_in":
             self.swap_in(tensor)
         elif action == "wait":
@@ -207,6 +211,7 @@ class MapActions:
             self.decode(tensor)
         else:
             raise ExecutorError(f"unknown action {action!r}")
+        return True
 
     def swap_out(self, tensor: int) -> None:
         executor = self.executor
@@ -220,17 +225,48 @@ class MapActions:
             executor.device.discard(slot.transfer)
         core, slot.broadcast = broadcast_core(array)
         slot.transfer = executor.device.swap_out(core, executor.timed_transfers)
+        self.pending[tensor] = None
         if executor.timed_transfers:
             executor.stats.transfers.append((tensor, slot.transfer))
         executor.stats.swap_outs += 1
 
-    def release(self, tensor: int) -> None:
+    def release(self, tensor: int) -> bool:
+        """Wait for the map's swap-out, then drop it; False where ``make_room`` did already."""
         slot = self.slot(tensor)
         if slot.transfer is None:
             raise ExecutorError(f"release of tensor {tensor} before its swap-out")
+        if slot.state == "host" and tensor not in self.pending:
+            return False
         self.executor.device.finish_swap_out(slot.transfer)
         self.drop(tensor, slot)
+        self.pending.pop(tensor, None)
         slot.state = "host"
+        return True
+
+    def make_room(self, index: int) -> None:
+        """Before forward op ``index`` of a scheduled iteration: where what the device holds
+        and the op's own peak in the plan would pass the budget, release swapped-out maps no
+        later forward op reads, in the order their copies began, waiting for each copy, as
+        the simulator does where an op would not fit. A graph that holds a little more than
+        the planned one (a GRU given the state the first iteration made, its first run under
+        the first graph's program with slow copies) stays within the budget where the copies
+        under way allow: it went 5.7 KB over, and each refusal's minimum 5.7 KB higher."""
+        executor = self.executor
+        device, program = executor.device, executor.program
+        budget = getattr(device, "budget", None)
+        if executor.mode != SCHEDULED or budget is None or index >= len(program.op_peaks):
+            return
+        over = device.used_bytes() + program.op_peaks[index] - budget
+        for tensor in [t for t in self.pending if program.last_read.get(t, -1) < index
+                       and self.slot(t).state == "device"]:
+            if over <= 0:
+                return
+            before, waits, start = device.used_bytes(), not self.landed("release", tensor), \
+                time.perf_counter()
+            self.release(tensor)
+            executor.log_action("release", tensor, index, time.perf_counter() - start, waits)
+            executor.stats.room_releases += 1
+            over -= before - device.used_bytes()
 
     def swap_in(self, tensor: int) -> None:
         executor = self.executor

@@ -13,8 +13,11 @@ from pooch_ext.encodings import Encoded, encoded_maps
 from pooch_ext.errors import ExecutorError
 from pooch_ext.inplace import inplace_of
 from pooch_ext.profile import Profile
-from pooch_ext.sim.check import validate_schedule
+from pooch_ext.sim.check import schedule_memory, validate_schedule
 from pooch_ext.trace import GraphTrace
+
+# how an iteration treats its maps (Executor.mode): its program's, hooks/ondemand.py's, none
+SCHEDULED, ON_DEMAND, PASSIVE = "scheduled", "on demand", "passive"
 
 
 @dataclass
@@ -40,17 +43,22 @@ class Program:
     # forward ops that write their output over their input (pooch_ext/inplace.py)
     inplace: frozenset[int] = frozenset()
     twins: dict[int, int] = field(default_factory=dict)   # encoded map -> its encoded form
+    # per op: what it holds above the level its boundary's actions leave (the plan's memory;
+    # empty: not known), and per map the last forward op that reads it (MapActions.make_room)
+    op_peaks: list[int] = field(default_factory=list)
+    last_read: dict[int, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.twins = {info.tensor: twin for twin, info in self.encoded.items()}
-        if self.known_inputs:
-            return
-        for op in self.reference.ops:
-            tensors = self.reference.tensors
-            self.known_inputs.append([t for t in op.inputs if tensors[t].producer >= 0])
-            shapes = [(tensors[t].shape, tensors[t].dtype) for t in op.inputs] + \
-                [(shape, dtype) for shape, dtype in op.params]
-            self.in_shapes.append(sorted(shapes))
+        if not self.known_inputs:
+            for op in self.reference.ops:
+                tensors = self.reference.tensors
+                self.known_inputs.append([t for t in op.inputs if tensors[t].producer >= 0])
+                shapes = [(tensors[t].shape, tensors[t].dtype) for t in op.inputs] + \
+                    [(shape, dtype) for shape, dtype in op.params]
+                self.in_shapes.append(sorted(shapes))
+        self.last_read = {t: index for index, reads in enumerate(self.known_inputs)
+                          for t in reads}
 
     def matches(self, index: int, name: str, sources: list, in_data: tuple) -> str:
         """Why forward op ``index`` (``name`` reading ``in_data``, whose tensors of this
@@ -152,10 +160,12 @@ def compile_program(trace: GraphTrace, profile: Profile, schedule: pd.DataFrame,
     kinds = tensors["kind"]
     sources = {int(s) for t in recomputed for s in tensors.at[t, "recompute_sources"]
                if kinds.get(int(s)) == "input"}
+    memory = schedule_memory(profile, schedule, configs)
     return Program(trace, actions, chains, frozenset(sources), profile.n_ops, label,
                    splits=_splits(profile, configs or {}),
                    encoded={info.twin: info for info in encoded.values()},
-                   inplace=frozenset(inplace_of(profile)))
+                   inplace=frozenset(inplace_of(profile)),
+                   op_peaks=(memory.peak_bytes - memory.bytes).astype(int).tolist())
 
 
 def _splits(profile: Profile, configs: dict[int, int]) -> dict[int, tuple[int, int]]:

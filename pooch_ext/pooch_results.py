@@ -9,7 +9,8 @@ import pandas as pd
 from pooch_ext.units import format_bytes
 
 ITERATION_COLUMNS = ["iteration", "program", "wall_s", "compute_s", "peak_bytes", "swap_outs",
-                     "swap_ins", "recomputes", "frees", "splits", "on_demand", "deviation"]
+                     "swap_ins", "recomputes", "frees", "splits", "on_demand", "room_releases",
+                     "deviation"]
 
 
 # said at the end of a ``with PoocH`` block in which no training iteration ran (prediction
@@ -94,7 +95,8 @@ class PoochResults:
                 compute_s=max(0.0, stats.finished - stats.started) if stats.finished else float("nan"),
                 peak_bytes=stats.peak_bytes, swap_outs=stats.swap_outs, swap_ins=stats.swap_ins,
                 recomputes=stats.recomputes, frees=stats.frees, splits=len(stats.splits),
-                on_demand=stats.on_demand, deviation=stats.deviation))
+                on_demand=stats.on_demand, room_releases=stats.room_releases,
+                deviation=stats.deviation))
         return pd.DataFrame(rows, columns=ITERATION_COLUMNS)   # the columns even when empty
 
     @property

@@ -33,12 +33,17 @@ def pytest_configure(config):
     loaded machine: CI's failure on 2026-11-26 came from copies slower than here). The
     suite must pass either way (tests/test_cpu_device.py times copies: leave it out)."""
     import os
-    import random
 
     fixed = float(os.environ.get("POOCH_TEST_COPY_DELAY_S", 0) or 0)
     jitter = float(os.environ.get("POOCH_TEST_COPY_JITTER_S", 0) or 0)
-    if not (fixed or jitter):
-        return
+    if fixed or jitter:
+        hold_copies_back(fixed, jitter, setattr)
+
+
+def hold_copies_back(fixed: float, jitter: float, patch) -> None:
+    """Every copy of the CPU device held back ``fixed`` seconds more, half of them a random
+    0..``jitter`` more; ``patch`` is ``setattr`` (the whole session) or a monkeypatch's."""
+    import random
     import time
     from types import SimpleNamespace
 
@@ -52,8 +57,8 @@ def pytest_configure(config):
 
     def sleep(seconds):
         time.sleep(seconds + fixed + (rng.random() * jitter if rng.random() < 0.5 else 0.0))
-    cpu_device.CopyEngine.__init__ = engine
-    cpu_device.time = SimpleNamespace(perf_counter=time.perf_counter, sleep=sleep)
+    patch(cpu_device.CopyEngine, "__init__", engine)
+    patch(cpu_device, "time", SimpleNamespace(perf_counter=time.perf_counter, sleep=sleep))
 
 
 def cuda_available() -> bool:
