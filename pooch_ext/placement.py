@@ -10,6 +10,7 @@ arena allocator needs: hooks/arena.py (opt-in) places the CuPy device's blocks s
 """
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 
 from pooch_ext.cupy_pool import round_size
@@ -60,3 +61,40 @@ def plan_offsets(blocks: list[Block]) -> tuple[list[int], int]:
         placed.append((offset, offset + size, block.start, block.end))
         extent = max(extent, offset + size)
     return offsets, extent
+
+
+def best_fit_extent(events: list[tuple]) -> int:
+    """The extent one region needs when each request, as it comes (``("malloc", bytes, key)``
+    and ``("free", bytes, key)`` in order), takes the smallest free gap that holds it, else
+    the top, and a freed block merges with its free neighbours: an allocator that knows
+    nothing of the future but never splits memory between separate blocks, as CuPy's pool
+    does between its cudaMalloc'd ones (what an arena could do in profiled iterations)."""
+    gaps: list[tuple[int, int]] = []        # (offset, size), sorted by offset, merged
+    placed: dict = {}                       # key -> (offset, size)
+    top = extent = 0
+    for kind, nbytes, key in events:
+        if kind == "malloc":
+            size = round_size(nbytes)
+            fits = [k for k, (_, room) in enumerate(gaps) if room >= size]
+            if fits:
+                k = min(fits, key=lambda j: (gaps[j][1], gaps[j][0]))
+                offset, room = gaps[k]
+                gaps[k:k + 1] = [(offset + size, room - size)] if room > size else []
+            else:                           # (no gap ever ends at the top: see free)
+                offset, top = top, top + size
+            placed[key] = (offset, size)
+            extent = max(extent, top)
+        elif key in placed:
+            offset, size = placed.pop(key)
+            at = bisect.bisect_left(gaps, (offset, 0))
+            if at < len(gaps) and offset + size == gaps[at][0]:      # merge the next one
+                size += gaps.pop(at)[1]
+            if at and gaps[at - 1][0] + gaps[at - 1][1] == offset:   # and the previous
+                offset, size = gaps[at - 1][0], gaps[at - 1][1] + size
+                at -= 1
+                gaps.pop(at)
+            if offset + size == top:                                 # back to the top
+                top = offset
+            else:
+                gaps.insert(at, (offset, size))
+    return extent

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from pooch_ext.cupy_pool import round_size
-from pooch_ext.placement import Block, peak_held, plan_offsets
+from pooch_ext.placement import Block, best_fit_extent, peak_held, plan_offsets
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -58,6 +58,47 @@ def test_a_small_block_in_a_freed_large_ones_place_does_not_strand_the_next_larg
     offsets, extent = plan_offsets(blocks)
     assert extent == peak_held(blocks) == big + small
     assert _overlaps(blocks, offsets) == []
+
+
+def test_best_fit_in_one_region_reuses_merged_gaps_where_the_pool_asks_for_more():
+    """The pool cannot merge free chunks of separate cudaMalloc'd blocks; one region can:
+    two freed neighbours hold a request as large as both, and a freed top lowers the top."""
+    from pooch_ext.cupy_pool import PoolEmulator
+
+    events = [("malloc", 1024, "a"), ("malloc", 1024, "b"), ("malloc", 512, "c"),
+              ("free", 1024, "a"), ("free", 1024, "b"), ("malloc", 2048, "d")]
+    assert best_fit_extent(events) == 2560               # d in a + b's merged gap
+    pool = PoolEmulator()
+    keys = {}
+    for kind, nbytes, key in events:
+        if kind == "malloc":
+            keys[key] = pool.malloc(nbytes)
+        else:
+            pool.free(keys.pop(key))
+    assert pool.total_peak > 2560
+    # the smallest gap that holds it, not the first; a freed top is the top again
+    events = [("malloc", 4096, "a"), ("malloc", 512, "s"), ("malloc", 1024, "b"),
+              ("malloc", 512, "t"), ("free", 4096, "a"), ("free", 1024, "b"),
+              ("malloc", 1024, "c"), ("free", 512, "t"), ("malloc", 4096, "d")]
+    assert best_fit_extent(events) == 6144      # c in b's gap (the smaller), d in a's
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_best_fit_never_needs_less_than_the_bytes_held(seed):
+    rng = np.random.default_rng(seed)
+    live, events, blocks, opened = [], [], [], {}
+    for key in range(200):
+        if live and rng.random() < 0.45:
+            gone = live.pop(int(rng.integers(len(live))))
+            events.append(("free", 0, gone))
+            nbytes, start = opened.pop(gone)
+            blocks.append(Block(nbytes, start, len(events)))
+        nbytes = int(rng.integers(1, 9)) * 512
+        events.append(("malloc", nbytes, key))
+        opened[key] = (nbytes, len(events))
+        live.append(key)
+    blocks += [Block(n, s, len(events) + 1) for n, s in opened.values()]
+    assert best_fit_extent(events) >= peak_held(blocks)
 
 
 def test_sizes_are_rounded_as_the_pool_rounds_them():

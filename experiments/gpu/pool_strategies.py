@@ -1,6 +1,7 @@
 """Per iteration of a recorded CuPy malloc/free log: the bytes held at most, what CuPy's pool
-takes for the same requests (its total, which ``set_limit`` bounds) and what one arena with
-offsets planned from the blocks' lifetimes would take (pooch_ext/placement.py).
+takes for the same requests (its total, which ``set_limit`` bounds), what one arena with
+offsets planned from the blocks' lifetimes would take, and what one region would take with
+each request placed as it comes, best fit (pooch_ext/placement.py).
 
     python experiments/gpu/pool_strategies.py results/demo/allocations.csv [--limit BYTES]
 
@@ -21,7 +22,7 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from pooch_ext.cupy_pool import replay  # noqa: E402
-from pooch_ext.placement import Block, peak_held, plan_offsets  # noqa: E402
+from pooch_ext.placement import Block, best_fit_extent, peak_held, plan_offsets  # noqa: E402
 
 MIB = 2 ** 20
 
@@ -63,15 +64,17 @@ def main(argv: list[str] | None = None) -> int:
     if not args.log.is_file():
         parser.error(f"no such file: {args.log}")
     log = pd.read_csv(args.log)
-    print("| iteration | held at most (MiB) | CuPy's pool (MiB) | planned arena (MiB) |"
-          + (" CuPy under the limit |" if args.limit else ""))
-    print("|---|---|---|---|" + ("---|" if args.limit else ""))
+    print("| iteration | held at most (MiB) | CuPy's pool (MiB) | planned arena (MiB) | "
+          "best fit in one region (MiB) |" + (" CuPy under the limit |" if args.limit else ""))
+    print("|---|---|---|---|---|" + ("---|" if args.limit else ""))
     for iteration in sorted(log.iteration.unique()):
         blocks, events = iteration_blocks(log, iteration)
         held, (_, extent) = peak_held(blocks), plan_offsets(blocks)
         total = replay(events).total_peak
+        region = best_fit_extent(events)
         cells = [f"{iteration}", f"{held / MIB:.1f}", f"{total / MIB:.1f} ({total / held:.2f}x)",
-                 f"{extent / MIB:.1f} ({extent / held:.2f}x)"]
+                 f"{extent / MIB:.1f} ({extent / held:.2f}x)",
+                 f"{region / MIB:.1f} ({region / held:.2f}x)"]
         if args.limit:
             oom = replay(events, args.limit).oom_event
             cells.append("fits" if oom is None else f"out of memory at event {oom}")
