@@ -217,7 +217,7 @@ class CpuDevice:
         return np
 
     def capacity_bytes(self) -> int:
-        from pooch_ext.hooks.device import UNLIMITED
+        from pooch_ext.units import UNLIMITED
         return UNLIMITED if self.budget is None else self.budget
 
     def set_budget(self, budget: int | None) -> None:

@@ -45,7 +45,6 @@ from pooch_ext.hooks.model_state import resident_bytes
 from pooch_ext.hooks.linkemu import CopyThrottle
 from pooch_ext.links import Link, get_link
 
-UNLIMITED = 1 << 50   # capacity reported by the CPU device without a budget
 
 
 @dataclass

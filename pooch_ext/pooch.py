@@ -51,7 +51,7 @@ from pooch_ext.graph_order import GraphOrder
 from pooch_ext.errors import (BudgetTooSmallError, PoochError, check_count, check_flag,  # noqa: F401
                               PolicyDoesNotFitError, UnsupportedLoopError)  # noqa: F401  (importable where raised)
 from pooch_ext.hooks.chainer_refs import check_chainer
-from pooch_ext.hooks.device import UNLIMITED, device_for
+from pooch_ext.hooks.device import device_for
 from pooch_ext.hooks.model_state import ModelSnapshot
 from pooch_ext.encodings import check_setting, codecs_of
 from pooch_ext.encodings import classify as choose_encodings
@@ -71,7 +71,7 @@ from pooch_ext.runtime_profile import runtime_profile
 from pooch_ext.policies import check_policy, fitting_plan
 from pooch_ext.profile import Profile
 from pooch_ext.sim.budgets import resolve_host_budget
-from pooch_ext.units import parse_bytes
+from pooch_ext.units import UNLIMITED, parse_bytes
 
 # iterations that update whose stretch after the last op the check sees (the second holds
 # what the first left alive beside its replacement): Refusals._check_first_tail

@@ -5,6 +5,8 @@ import math
 import re
 
 MAX_BYTES = 1 << 53      # any byte count: far beyond any device, and exact as a float
+# the capacity a device without a memory limit reports (the CPU device without a budget)
+UNLIMITED = 1 << 50
 MAX_SECONDS = 1e6        # any op or copy time (11.6 days): beyond it, sums over an
 #                          iteration lose the other ops' times to rounding
 

@@ -36,6 +36,17 @@ def test_profile_text_summary(capsys):
     assert json.loads(capsys.readouterr().out)["input_size"] == "3x16x64x64"
 
 
+def test_a_device_without_a_memory_limit_says_so_instead_of_a_capacity():
+    """The CPU device without a budget reports a huge capacity (``UNLIMITED``); a user trial
+    read "device cpu, 1 PiB" in ``pooch-ext profile --measure``."""
+    from pooch_ext.commands.profile import summary_lines
+    from pooch_ext.units import UNLIMITED
+
+    summary = analytic_profile("small-resnet", 4).summary()
+    assert ", no memory limit;" in summary_lines({**summary, "capacity_bytes": UNLIMITED})[1]
+    assert "no memory limit" not in summary_lines(summary)[1]
+
+
 @pytest.mark.parametrize("args, message", [
     (["--model", "lenet", "--batch", "2"], "unknown model 'lenet'"),
     (["--model", "small-resnet", "--batch", "0"], "batch must be a positive integer"),

@@ -11,7 +11,8 @@ import chainer
 import chainer.links as L
 
 from pooch_ext.hooks.allocator import AllocationLog, scratch_bytes
-from pooch_ext.hooks.device import UNLIMITED, DeviceOutOfMemoryError, HostSimDevice, device_for
+from pooch_ext.hooks.device import DeviceOutOfMemoryError, HostSimDevice, device_for
+from pooch_ext.units import UNLIMITED
 from pooch_ext.hooks.model_state import resident_bytes
 from pooch_ext.testing import BranchyNet, make_optimizer
 from pooch_ext.links import get_link

@@ -15,7 +15,7 @@ from pooch_ext.links import PRESETS
 from pooch_ext.models import MODEL_NAMES
 from pooch_ext.profile import Profile
 from pooch_ext.profile_format import format_shape
-from pooch_ext.units import format_bytes
+from pooch_ext.units import UNLIMITED, format_bytes
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -68,11 +68,14 @@ def summary_lines(summary: dict) -> list[str]:
     def b(key: str) -> str:
         return f"{format_bytes(summary[key])} ({summary[key]} bytes)"
 
+    # (the CPU device without a budget reports UNLIMITED as its capacity)
+    capacity = ("no memory limit" if summary["capacity_bytes"] >= UNLIMITED
+                else format_bytes(summary["capacity_bytes"]))
+
     return [
         f"model            {summary['model']}  batch {summary['batch']}  "
         f"input {summary.get('input_size', '')}  ({summary['source']})",
-        f"device           {summary['device']}, {format_bytes(summary['capacity_bytes'])}; "
-        f"link {summary['link']}",
+        f"device           {summary['device']}, {capacity}; link {summary['link']}",
         f"ops              {summary['ops']} ({summary['forward_ops']} forward, "
         f"{summary['backward_ops']} backward"
         + (", the optimizer update" if summary.get("update_ops") else "") + ")",
