@@ -482,3 +482,18 @@ def test_a_deadline_leaves_skipped_rows_and_a_report(tmp_path, monkeypatch):
     (tmp_path / "targets.csv").unlink()
     assert measure.main([str(tmp_path), "--report-only"]) == 0
     assert (pd.read_csv(tmp_path / "targets.csv").passed == "no data").all()
+
+
+def test_diagnose_memory_logs_the_executors_actions_with_the_profile_and_plan(tmp_path):
+    """``diagnose_memory.py --log-dir`` (run_all.sh's attribution step on a GPU): on the CPU
+    device its log holds the executor's actions in order, per iteration and op, beside the
+    profile and the plan it ran, so a GPU log can be read against them offline."""
+    out = subprocess.run([sys.executable, str(ROOT / "experiments/gpu/diagnose_memory.py"),
+                          "small-resnet", "8", "16458048", "pooch", "--cpu", "--log-dir",
+                          str(tmp_path)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    log = pd.read_csv(tmp_path / "allocations_pooch.csv")
+    assert list(log.columns) == ["iteration", "seq", "op", "kind", "bytes", "tensor", "key"]
+    assert {"swap_out", "release", "swap_in"} <= set(log.kind)
+    assert log.seq.is_monotonic_increasing and log.iteration.max() >= 3
+    assert (tmp_path / "plan_pooch.csv").is_file() and (tmp_path / "profile_pooch").is_dir()

@@ -20,6 +20,8 @@
 #           test of this script. POOCH_INSTALL=0 skips step 1 (use the current interpreter).
 # For a second call in the same session: POOCH_SKIP_TESTS=1 skips step 3, and
 # POOCH_MEASURE_ARGS adds options to measure.py, e.g. "--problems resnet50:128 --iters 3".
+# POOCH_GPU_POOL_HEADROOM=1.6 (a diagnostic) lets the pool take that times each budget, so
+# budgeted runs go on past CuPy's fragmentation and measure what the plans hold.
 set -u
 OUT=${1:?usage: run_all.sh OUT [--cpu]}
 MODE=${2:-gpu}
@@ -88,7 +90,9 @@ else
     T=$(cap 150 300)
     stamp "pytest -m gpu (limit ${T}s)"
     # only the modules that hold GPU tests: collecting the whole suite costs seconds
-    mapfile -t GPU_TESTS < <(grep -l "mark.gpu" tests/test_*.py)
+    # (test_experiments.py last: its quick fidelity run is the slowest, and a cut keeps the rest)
+    mapfile -t GPU_TESTS < <(grep -l "mark.gpu" tests/test_*.py | grep -v test_experiments; \
+                             grep -l "mark.gpu" tests/test_experiments.py)
     # -o pythonpath=: pytest.ini puts the checkout first, whose pooch_ext has no hooks/ (only
     # an install maps hooks/ to pooch_ext.hooks): the installed package first, the checkout
     # after it (tests import helpers as tests.test_inplace)
@@ -137,6 +141,21 @@ if [ "${POOCH_SKIP_FIDELITY:-0}" != 1 ] && [ "$MODE" != --cpu ]; then
     timeout --kill-after=10 "$T" "$PY" -P experiments/gpu/diagnose_split_keys.py --gpu \
         > "$WORK/split_keys.log" 2>&1
     stamp "split keys exit $? ($(grep -m1 "exactness checks" "$WORK/split_keys.log"))"
+fi
+
+# 3e. where a GPU plan holds more than predicted (session 30: pooch +15%, swap-all +10%,
+# superneurons exact, ResNet-50 b160 at a third): every malloc and free with the executor's
+# actions, the profile and the plan, the pool's limit off (POOCH_SKIP_DIAGNOSE=1 skips;
+# POOCH_DIAGNOSE_ARGS replaces "resnet50 160 6993853440 pooch superneurons")
+if [ "${POOCH_SKIP_DIAGNOSE:-0}" != 1 ] && [ "$MODE" != --cpu ]; then
+    T=$(cap 120 150)
+    stamp "diagnose_memory --log-dir (limit ${T}s)"
+    # shellcheck disable=SC2086  # split on purpose: arguments
+    timeout --kill-after=10 "$T" "$PY" -P experiments/gpu/diagnose_memory.py \
+        ${POOCH_DIAGNOSE_ARGS:-resnet50 160 6993853440 pooch superneurons} \
+        --log-dir "$WORK/diagnose" > "$WORK/diagnose.log" 2>&1
+    stamp "diagnose exit $? ($(grep -c "^==" "$WORK/diagnose.log") runs)"
+    grep -A3 "^==" "$WORK/diagnose.log" | cut -c1-200
 fi
 
 # 4. measurements --------------------------------------------------------------------------

@@ -35,7 +35,7 @@ RUN_COLUMNS = (
     "status", "plan_feasible", "keep", "swap", "recompute", "classify_s", "iterations",
     "timed_iterations", "predicted_s", "measured_s", "time_error", "wall_s", "images_per_s",
     "predicted_peak_bytes", "measured_peak_bytes", "peak_error", "boundary_peak_bytes",
-    "pool_total_peak_bytes", "arena_served", "arena_fallbacks",
+    "pool_total_peak_bytes", "arena_served", "arena_fallbacks", "room_releases",
     "params_identical", "max_abs_diff", "losses_identical", "fitted_d2h_gbps",
     "fitted_h2d_gbps", "relayouts", "on_demand", "deviation", "run_s", "error")
 
@@ -296,6 +296,7 @@ def _fill(row: dict, setup: Setup, result: Any, peaks: list[tuple[float, float]]
         if len(executed):
             row["boundary_peak_bytes"] = float(executed.peak_bytes.max())
             row["on_demand"] = int(executed.on_demand.sum())
+            row["room_releases"] = int(executed.room_releases.sum())
             row["deviation"] = "; ".join(sorted(set(d for d in executed.deviation if d)))
             if row["measured_peak_bytes"] != row["measured_peak_bytes"]:   # host-sim: accounted
                 row["measured_peak_bytes"] = row["boundary_peak_bytes"]
