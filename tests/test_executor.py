@@ -270,3 +270,40 @@ def test_network_inputs_a_recompute_reads_go_with_the_loss_op():
     del node
     gc.collect()
     assert maps.inputs_held == {}
+
+
+def test_an_op_that_would_not_fit_first_releases_only_maps_no_later_forward_op_reads():
+    """MapActions.make_room, forced at every forward op (each op's planned peak made huge):
+    maps swapped out are released ahead of their planned boundary (here the end of forward)
+    only once no later forward op reads them, each once, the planned release then skipped
+    and not logged again; training stays bit-identical to plain Chainer."""
+    trace, profile = _graph()
+    maps = profile.feature_maps
+    n_fwd = len(trace.ops)
+    schedule = _schedule(profile, {int(t): "swap" for t in maps.tensor})
+    schedule.loc[schedule.action == "release", "boundary"] = n_fwd   # all at forward's end
+    schedule = schedule.sort_values(["boundary", "order"], kind="stable")
+    schedule["order"] = schedule.groupby("boundary").cumcount()
+    program = compile_program(trace, profile, schedule, "late releases")
+    program.op_peaks = [1 << 45] * len(program.op_peaks)     # no op fits: make room always
+    device = HostSimDevice(measure=False)
+    device.set_budget(1 << 44)
+    released: list = []
+
+    class Logging(Executor):
+        def log_action(self, action, tensor, boundary=None, *args, **kwargs):
+            super().log_action(action, tensor, boundary, *args, **kwargs)
+            if action == "release" and self.iteration >= 1:
+                released.append((self.iteration, tensor, self.executed[-1][0]))
+
+    batches = synthetic_batches(4, 4, (3, 16, 16), 5)
+    losses, state, executor = _execute(batches, lambda: program, device=device,
+                                       executor_cls=Logging)
+    plain_losses, plain_state = _plain(batches)
+    assert losses == plain_losses and states_equal(state, plain_state)
+    assert all(stats.room_releases > 0 and stats.on_demand == 0
+               for stats in executor.history[1:])
+    once = pd.Series([(i, t) for i, t, _ in released]).value_counts()
+    assert len(once) == 3 * len(maps) and (once == 1).all()    # every map, once an iteration
+    early = [(t, b) for _, t, b in released if b < n_fwd]
+    assert early and all(program.last_read.get(t, -1) < b for t, b in early), early
