@@ -268,9 +268,10 @@ class CupyDevice:
 
     # ------------------------------------------------------------ accounting
     def host_side(self) -> Any:
-        """A block whose arrays are the host's (NumPy arrays never touch the CuPy pool), and
-        whose device arrays are not the training's: the arena leaves them to the pool."""
-        return self.arena.aside() if self.arena is not None else contextlib.nullcontext()
+        """A block whose arrays are the host's (NumPy arrays never touch the CuPy pool), or
+        whose device arrays are not the training's (plain Chainer beside PoocH): ``apart``,
+        as the CPU device leaves them uncounted."""
+        return self.apart()
 
     def note_resident(self, model: Any) -> None:
         """Resident bytes, for reports (the pool counts them with everything else)."""
@@ -300,15 +301,16 @@ class CupyDevice:
     @contextlib.contextmanager
     def apart(self) -> Any:
         """Work that is not training's (split measurements on probes, which run the whole op
-        too; the profiler's reruns of an op) outside the budget, the peak and the arena, as the
-        CPU device counts it apart (under the limit, small-resnet b256's ran out). Where it
-        left the pool holding more than the limit, the free blocks go back to the driver: a
-        cached block past the limit would serve later requests the limit never checks."""
+        too; the profiler's reruns of an op; plain Chainer beside PoocH) outside the budget,
+        the peak and the arena, as the CPU device counts it apart (under the limit,
+        small-resnet b256's ran out). Where it left the pool holding more than the limit, the
+        free blocks go back to the driver: a cached block past the limit would serve later
+        requests the limit never checks."""
         limit = int(self.pool.get_limit())
         peaks = (self._pool_peak.peak, self._pool_peak.total_peak, self._boundary_peak)
         self.pool.set_limit(size=0)
         try:
-            with self.host_side():
+            with self.arena.aside() if self.arena is not None else contextlib.nullcontext():
                 yield
         finally:
             if limit and int(self.pool.total_bytes()) > limit:

@@ -327,6 +327,24 @@ def test_work_apart_gives_cached_blocks_back_only_where_the_pool_went_past_its_l
     device.restore()
 
 
+def test_work_on_the_host_side_such_as_plain_chainer_beside_pooch_is_outside_the_budget(
+        fake_cupy):
+    """The demo runs plain Chainer beside PoocH in one process (``testing.hooks_out``): on
+    the CPU device its arrays are uncounted, on the CuPy device they had run under the
+    pool's limit, the plain model's whole in-core need inside PoocH's budget. ``host_side``
+    is now ``apart`` there: the limit lifted, the peak kept, put back after."""
+    device = CupyDevice()
+    device.set_budget(1000)
+    device.reset_peak()
+    fake_cupy.malloc(300)
+    with device.host_side():
+        assert fake_cupy.limit == 0
+        fake_cupy.malloc(5000)               # the plain model's iteration
+        fake_cupy.used -= 5000
+    assert fake_cupy.limit == 1000 and device.peak == 300
+    device.restore()
+
+
 def test_a_pool_headroom_lets_the_pool_take_more_than_the_budget_the_plan_holds(
         fake_cupy, monkeypatch):
     """The diagnostic that measures a GPU plan past the pool's fragmentation: the budget is
