@@ -46,7 +46,6 @@ from pooch_ext.hooks.linkemu import CopyThrottle
 from pooch_ext.links import Link, get_link
 
 
-
 @dataclass
 class Transfer:
     """One feature map's trip to the host and back: the host copy and the copy timings."""
