@@ -244,8 +244,9 @@ class CpuDevice:
         return uncounted()
 
     def apart(self) -> Any:
-        """Work that is not training's (split measurements on probes) outside the peak and
-        the count: the allocator counter's ``apart``, where memory is counted by it."""
+        """Work that is not training's (split measurements on probes, the profiler's reruns
+        of an op) outside the peak and the count: the allocator counter's ``apart``, where
+        memory is counted by it."""
         return self.counter.apart() if self.counter is not None else nullcontext()
 
     def note_resident(self, model: Any) -> None:

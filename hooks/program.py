@@ -46,7 +46,7 @@ class Program:
     # per op: what it holds above the level its boundary's actions leave (the plan's memory;
     # empty: not known), and per map the last forward op that reads it (MapActions.make_room)
     op_peaks: list[int] = field(default_factory=list)
-    last_read: dict[int, int] = field(default_factory=dict)
+    last_read: dict[int, int] = field(default_factory=dict, init=False)   # (from known_inputs)
 
     def __post_init__(self) -> None:
         self.twins = {info.tensor: twin for twin, info in self.encoded.items()}

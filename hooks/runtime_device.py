@@ -42,8 +42,8 @@ class RuntimeDevice(Protocol):
         """A context in which the work done is the runtime's own, not the training step's."""
 
     def apart(self) -> Any:
-        """A context whose work (measurements on probes) is outside the budget and the
-        peak, and whose arrays are freed when it ends."""
+        """A context whose work (measurements on probes, the profiler's reruns of an op) is
+        outside the budget and the peak, and whose arrays are freed when it ends."""
 
     def note_resident(self, model: Any) -> None:
         """Count the model's parameters, gradients and persistents as resident."""
