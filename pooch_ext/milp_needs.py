@@ -30,6 +30,7 @@ Lowered = dict[int, list[tuple[int, int, int]]]  # map: (boundary e, P_e column,
 PATH_DEPTH = 4          # readers in a row that the rebuild paths follow
 PREFETCH_WINDOW = 8     # boundaries before a map's earliest need searched for its peaks
 PREFETCH_PEAKS = 2      # the highest of them, where its swap-in is whole
+NEED_WINDOW = 12        # the later needs each copy row reaches (milp_rows, shared peaks)
 
 
 @dataclass(frozen=True)
@@ -189,6 +190,30 @@ def source_rows(model: SimModel, at: Layout, memory: Rows,
     return rows, col, lowered, paths
 
 
+def exact_gate_rows(model: SimModel, lowered: Lowered, gates: Gates) -> Rows:
+    """The gates of ``source_rows`` from above: each at most every recompute of its path,
+    and P_e and N_e at most the gates of paths ending by e (P_e also at most "not kept").
+    ``source_rows`` bounds them only from below, which leaves the solver free to raise them,
+    fractionally, where a row holds them with a favourable sign: N at the earlier boundary
+    of a copy row counts a map as partly needed, and so partly on the device, at a memory
+    peak it cannot be whole at (ResNet-50 b512 pcie3 at 0.3 of the in-core need: the bound
+    1765.2 ms without these rows, 1796.2 with). With them each of the three is exact for
+    integral classes: the AND of its path, then the OR of the paths by e."""
+    m = model.m
+    rows: Rows = []
+    ends: dict[int, list[tuple[int, int]]] = {}
+    for col, s, path in gates:
+        rows += [({2 * m + y: 1.0, col: -1.0}, 0.0) for y in path]
+        ends.setdefault(s, []).append((int(model.bwd_first[path[-1]]), col))
+    for s, segments in lowered.items():
+        for e, presence, needed in segments:
+            by_e = {g: 1.0 for end, g in ends[s] if end <= e}
+            rows += [({**by_e, presence: -1.0}, 0.0), ({presence: -1.0, s: -1.0}, -1.0)]
+            if needed >= 0:
+                rows.append(({**by_e, needed: -1.0}, 0.0))
+    return rows
+
+
 def needed_by(model: SimModel, lowered: Lowered, i: int, b: int) -> dict[int, float]:
     """Map i swapped and first needed by boundary b, as columns (none where it cannot be)."""
     if b >= model.bwd_first[i]:
@@ -227,6 +252,39 @@ def prefetch_rows(model: SimModel, at: Layout, memory: Rows, lowered: Lowered,
                 rows.append((_add(cols, by_q, si), float(model.dur[q2])))
             memory[q][0][o] = float(model.nbytes[s])
     return rows, binaries, col
+
+
+def shared_peak_rows(model: SimModel, at: Layout, lowered: Lowered,
+                     binaries: list[tuple[int, int, int]]) -> Rows:
+    """Whole swap-ins that share a peak q (``prefetch_rows``' binaries): those not on the
+    device during op q all run after it, one at a time on the H2D engine, so for each later
+    need e (of any of them, the first ``NEED_WINDOW``) op e starts no earlier than op q's
+    end plus the swap-ins of all of them needed by e. ``prefetch_rows`` has this row for
+    each map alone, and the copy rows (milp_rows.copy_memory_rows) for bytes in fluid
+    amounts: a map too big for the room at q and one that fits could share the engine's
+    time after q as if each were partly on the device (ResNet-50 b512 pcie3 at 0.3 of the
+    in-core need: the bound 1796.2 ms without these rows, 1806.6 with)."""
+    A = at.A
+    at_peak: dict[int, list[tuple[int, int]]] = {}
+    for o, s, q in binaries:
+        at_peak.setdefault(q, []).append((o, s))
+    rows: Rows = []
+    for q, whole in sorted(at_peak.items()):
+        if len(whole) < 2:
+            continue
+        needs = set()
+        for _, s in whole:
+            needs.add(int(model.bwd_first[s]))
+            needs |= {e for e, _, n_col in lowered.get(s, ()) if n_col >= 0 and e > q}
+        for e in sorted(needs)[:NEED_WINDOW]:
+            cols = {A + e + 1: 1.0, A + q + 1: -1.0}
+            for o, s in whole:
+                si = float(model.si_s[s])
+                _add(cols, needed_by(model, lowered, s, e), -si)
+                _add(cols, needed_by(model, lowered, s, q), si)
+                cols[o] = cols.get(o, 0.0) + si
+            rows.append((cols, float(model.dur[e])))
+    return rows
 
 
 def _add(cols: dict[int, float], more: dict[int, float], scale: float) -> dict[int, float]:

@@ -6,11 +6,10 @@ import math
 
 import numpy as np
 
-from pooch_ext.milp_needs import Layout, Lowered, Rows, earliest_rebuild, needed_by, reached
+from pooch_ext.milp_needs import (NEED_WINDOW, Layout, Lowered, Rows, earliest_rebuild,
+                                  needed_by, reached)
 from pooch_ext.policies.search import KeepRoom
 from pooch_ext.sim.model import RECOMPUTE, SWAP, SimModel
-
-NEED_WINDOW = 12    # the later needs each backward boundary's copy rows reach
 
 
 def time_rows(model: SimModel, at: Layout) -> Rows:

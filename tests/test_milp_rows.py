@@ -102,6 +102,60 @@ def test_every_row_holds_for_the_plans_the_simulator_runs(seed, layers, link, fr
         assert violations(program, true_columns(model, codes, budget, program)) == [], codes
 
 
+@pytest.mark.parametrize("seed,layers,link", [(2, 20, "pcie3"), (6, 7, "cpu"), (9, 16, "nvlink2")])
+def test_the_gates_are_exact_for_integral_classes(seed, layers, link):
+    """With the classes fixed, the rows among classes and gates alone pin every gate, P_e and
+    N_e to its true value (true_columns) from both sides: without the rows from above
+    (milp_needs.exact_gate_rows) the solver could raise them and count a map as partly on
+    the device where it cannot be whole."""
+    from scipy.optimize import linprog
+
+    profile = random_profile(seed, n_layers=layers)
+    model = compile_profile(profile, link)
+    budget = budget_between(profile, 0.1)
+    program = build_program(model, budget)
+    columns = sorted({c for c, _, _ in program.gates}
+                     | {c for segments in program.lowered.values()
+                        for _, p, n in segments for c in (p, n) if c >= 0})
+    assert columns, "a network with recompute chains"
+    inside = set(columns) | set(range(3 * model.m))
+    rows = [(cols, low) for cols, low in program.rows if set(cols) <= inside]
+    matrix = np.zeros((len(rows), program.width))
+    for k, (cols, _) in enumerate(rows):
+        for c, v in cols.items():
+            matrix[k, c] = v
+    low = np.array([low for _, low in rows])
+    for codes in plans_that_fit(model, budget, seed, 6):
+        truth = true_columns(model, codes, budget, program)
+        bounds = [(truth[c], truth[c]) if c < 3 * model.m else (0, None)
+                  if c in inside else (0, 0) for c in range(program.width)]
+        for sign in (1.0, -1.0):
+            cost = np.zeros(program.width)
+            cost[columns] = sign
+            solved = linprog(cost, A_ub=-matrix, b_ub=-low, bounds=bounds, method="highs")
+            assert solved.status == 0
+            assert np.allclose(solved.x[columns], truth[columns], atol=1e-7), codes
+
+
+@pytest.mark.parametrize("seed,layers,rows", [(9, 10, "exact_gate_rows"),
+                                               (9, 14, "shared_peak_rows")])
+def test_exact_gates_and_shared_peaks_tighten_the_bound(monkeypatch, seed, layers, rows):
+    """Each kind of row raises the bound where it matters (random networks on the CPU
+    device's link at 0.1 of the way to in-core: about 6% each), and the bound stays below
+    the time of a plan that runs."""
+    import pooch_ext.milp_bound as milp_module
+
+    profile = random_profile(seed, n_layers=layers)
+    model = compile_profile(profile, "cpu")
+    budget = budget_between(profile, 0.1)
+    plan = get_policy("pooch").classify(profile, budget, "cpu")
+    bound = milp_bound(model, budget, time_limit_s=30)
+    monkeypatch.setattr(milp_module, rows, lambda *args: [])
+    without = milp_bound(model, budget, time_limit_s=30)
+    assert bound.optimal and without.optimal
+    assert 1.04 * without.bound_s < bound.bound_s <= plan.iteration_time_s * (1 + 1e-9)
+
+
 def test_the_checks_find_a_row_a_plan_breaks():
     """The check above can fail: a row claiming more than the simulator gives is found."""
     profile = random_profile(2, n_layers=20)
