@@ -38,8 +38,11 @@ Action costs and the engines' exact queue order among swap-ins are left out (the
 add time). The program's plan is simulated too: where it fits it is a real plan and an
 upper bound. On ResNet-50 b512 pcie3 at 0.3 of in-core, the rows after the first ones
 raised the bound from 1.745 to 1.765 s and its plan's simulated time fell from 2.51 to
-2.04 s; the exact chains and the shared peaks raised it to 1.807 s; on 360 small networks the bound's average distance below the optimum fell from
-9.9% to 2.1% (results/README "Distance to a proven bound").
+2.04 s, and the exact chains and the shared peaks raised it to 1.807 s; on 360 small
+networks the bound's average distance below the optimum fell from 9.9% to 2.1%
+(results/README "Distance to a proven bound"). Each kind of row was found by fixing a
+plan's classes in the program and reading where the simulator's compute ran later than the
+program's (``fixed_class_arrivals``, experiments/bound_diagnose.py).
 """
 from __future__ import annotations
 
@@ -50,7 +53,7 @@ import sys
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Any, Iterator
 
 import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
@@ -59,7 +62,8 @@ from scipy.sparse import coo_matrix
 from pooch_ext.errors import BudgetTooSmallError
 from pooch_ext.milp_needs import (Gates, Layout, Lowered, Rows, exact_gate_rows, prefetch_rows,
                                   queue_rows, shared_peak_rows, source_rows)
-from pooch_ext.milp_rows import all_swapped, copy_memory_rows, memory_rows, time_rows
+from pooch_ext.milp_rows import (all_swapped, copy_memory_rows, late_recompute_rows,
+                                 memory_rows, time_rows)
 from pooch_ext.sim.budgets import fits, model_minimum
 from pooch_ext.sim.engine import run
 from pooch_ext.sim.model import KEEP, RECOMPUTE, SWAP, SimModel
@@ -118,27 +122,10 @@ def _solve(model: SimModel, budget: int, program: Program, time_limit_s: float,
     finished, the plan of its best solution and that plan's simulated time (inf where it
     does not fit), and its rows."""
     rows = program.rows + (program.queues if queues else [])
-    m, memory, room, width = model.m, program.memory, program.room, program.width
-    can = model.can.astype(float)
-    upper = np.concatenate([can[:, KEEP], can[:, SWAP], can[:, RECOMPUTE],
-                            np.full(width - 3 * m, math.inf)])
-    cost = np.zeros(width)
+    m, memory = model.m, program.memory
+    cost = np.zeros(program.width)
     cost[3 * m] = 1.0
-    integral = np.zeros(width)
-    integral[:3 * m] = 1
-    whole = [o for o, _, _ in program.binaries]
-    integral[whole] = 1
-    upper[whole] = 1.0
-    with _solver_output_dropped():
-        result = milp(c=cost, integrality=integral,
-                      bounds=Bounds(np.zeros(width), upper),
-                      constraints=[
-                          LinearConstraint(_sparse(rows, width), [low for _, low in rows], np.inf),
-                          # in units of the budget: bytes beside seconds upset HiGHS's numerics
-                          LinearConstraint(_sparse(memory, width) / budget, -np.inf, room / budget),
-                          LinearConstraint(_sparse([({i: 1.0, m + i: 1.0, 2 * m + i: 1.0}, 1.0)
-                                                    for i in range(m)], width), 1.0, 1.0)],
-                      options={"time_limit": max(time_limit_s, 1e-3), "disp": False})
+    result = _highs(model, budget, program, rows, cost, time_limit_s)
     count = len(rows) + len(memory) + m
     floor = float(model.dur.sum())
     if result.x is None:
@@ -158,12 +145,66 @@ def _solve(model: SimModel, budget: int, program: Program, time_limit_s: float,
     return max(bound, floor), result.status == 0, codes, plan_time, count
 
 
+def _highs(model: SimModel, budget: int, program: Program, rows: Rows, cost: np.ndarray,
+           time_limit_s: float, fixed: np.ndarray | None = None) -> Any:
+    """scipy's HiGHS result for minimising ``cost`` over ``rows`` and the program's memory
+    rows, each map in one class (``fixed``: those classes only)."""
+    m, memory, room, width = model.m, program.memory, program.room, program.width
+    can = model.can.astype(float)
+    upper = np.concatenate([can[:, KEEP], can[:, SWAP], can[:, RECOMPUTE],
+                            np.full(width - 3 * m, math.inf)])
+    lower = np.zeros(width)
+    if fixed is not None:
+        upper[:3 * m] = 0.0
+        upper[np.asarray(fixed) * m + np.arange(m)] = lower[np.asarray(fixed) * m + np.arange(m)] = 1.0
+    integral = np.zeros(width)
+    integral[:3 * m] = 1
+    whole = [o for o, _, _ in program.binaries]
+    integral[whole] = 1
+    upper[whole] = 1.0
+    with _solver_output_dropped():
+        return milp(c=cost, integrality=integral, bounds=Bounds(lower, upper),
+                    constraints=[
+                        LinearConstraint(_sparse(rows, width), [low for _, low in rows], np.inf),
+                        # in units of the budget: bytes beside seconds upset HiGHS's numerics
+                        LinearConstraint(_sparse(memory, width) / budget, -np.inf, room / budget),
+                        LinearConstraint(_sparse([({i: 1.0, m + i: 1.0, 2 * m + i: 1.0}, 1.0)
+                                                  for i in range(m)], width), 1.0, 1.0)],
+                    options={"time_limit": max(time_limit_s, 1e-3), "disp": False})
+
+
+def fixed_class_arrivals(model: SimModel, budget: int, codes: np.ndarray,
+                         time_limit_s: float = 120.0) -> tuple[float, np.ndarray]:
+    """The program with every map's class fixed to ``codes``: its least iteration time, and
+    with that time, compute's earliest arrival at each backward boundary (n_fwd .. n). Where
+    the simulator's arrivals for the same plan run ahead of these, the program leaves out
+    what holds the plan back there: how its rows were found (experiments/bound_diagnose.py).
+    """
+    program = build_program(model, parse_bytes(budget))
+    rows = program.rows + program.queues
+    at, budget = program.at, parse_bytes(budget)
+    cost = np.zeros(program.width)
+    cost[at.T] = 1.0
+    result = _highs(model, budget, program, rows, cost, time_limit_s, fixed=codes)
+    if result.x is None:
+        raise RuntimeError(f"the program with these classes was not solved: {result.message}")
+    least = float(result.x[at.T])
+    cost[at.T] = 0.0
+    cost[at.A + model.n_fwd:at.A + model.n + 1] = 1.0
+    rows = rows + [({at.T: -1.0}, -least * (1 + 1e-9))]
+    result = _highs(model, budget, program, rows, cost, time_limit_s, fixed=codes)
+    if result.x is None:
+        raise RuntimeError(f"the program with these classes was not solved: {result.message}")
+    return least, result.x[at.A + model.n_fwd:at.A + model.n + 1].copy()
+
+
 @dataclass
 class Program:
     """The program's rows: ``rows`` and ``queues`` (the swap-out queue's gated rows,
     milp_needs.queue_rows) are at least their bounds, ``memory`` at most ``room`` (bytes);
-    ``width`` columns (milp_needs.Layout, then the gates of ``lowered``, ``gates``
-    and ``binaries``, which are kept for checking the rows against simulated plans)."""
+    ``width`` columns (milp_needs.Layout, then the gates of ``lowered``, ``gates``,
+    ``binaries`` and ``rebuilt`` (milp_rows.late_recompute_rows), which are kept for
+    checking the rows against simulated plans)."""
 
     rows: Rows
     queues: Rows
@@ -174,6 +215,7 @@ class Program:
     lowered: Lowered
     gates: Gates
     binaries: list[tuple[int, int, int]]
+    rebuilt: list[tuple[int, int, int]]
 
 
 def build_program(model: SimModel, budget: int) -> Program:
@@ -187,8 +229,10 @@ def build_program(model: SimModel, budget: int) -> Program:
     prefetch, binaries, width = prefetch_rows(model, at, memory, lowered, width, holes.top)
     exact = exact_gate_rows(model, lowered, gates)
     shared = shared_peak_rows(model, at, lowered, binaries)
-    return Program(rows + sources + exact + prefetch + shared, queue_rows(model, at), memory + copying,
-                   np.concatenate([room, copy_room]), width, at, lowered, gates, binaries)
+    late, width, rebuilt = late_recompute_rows(model, at, width)
+    return Program(rows + sources + exact + prefetch + shared + late, queue_rows(model, at),
+                   memory + copying, np.concatenate([room, copy_room]), width, at, lowered,
+                   gates, binaries, rebuilt)
 
 
 def _sparse(rows: Rows, width: int) -> coo_matrix:

@@ -101,18 +101,6 @@ def queue_rows(model: SimModel, at: Layout) -> Rows:
     return rows
 
 
-def earliest_rebuild(model: SimModel) -> np.ndarray:
-    """Per map, the earliest boundary a recompute of it can run at: its first backward
-    need, or where a recompute of a map reading it runs, whichever is earlier (readers have
-    larger indices than their sources)."""
-    earliest = model.bwd_first.copy()
-    for y in range(model.m - 1, -1, -1):
-        if model.can[y, RECOMPUTE]:
-            for s in model.src_fm[y]:
-                earliest[s] = min(earliest[s], earliest[y])
-    return earliest
-
-
 def rebuild_paths(model: SimModel, depth: int = PATH_DEPTH) -> list[tuple[int, tuple[int, ...]]]:
     """(source s, readers y1..yk): y1 reads s, each next one reads the one before, all may
     be recomputed, and yk's first backward need comes before the needs of s and of the
