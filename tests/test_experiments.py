@@ -167,6 +167,24 @@ def test_planner_scale(tmp_path):
     assert ps.main(["--parts", "longer", "--out-dir", str(tmp_path)]) == 2
 
 
+def test_bound_diagnose_compares_the_program_with_the_simulator(capsys):
+    """The program with a plan's classes fixed is never slower than the plan simulated, and
+    its arrivals are compared boundary by boundary; a budget below the minimum is refused."""
+    import re
+
+    import bound_diagnose
+
+    for plan in ("pooch", "bound"):
+        assert bound_diagnose.main(["--network", "alexnet", "--fraction", "0.85",
+                                    "--plan", plan, "--time-limit", "30"]) == 0
+        out = capsys.readouterr().out
+        simulated, program = map(float, re.search(
+            r"simulated ([0-9.]+) ms, the program with its classes ([0-9.]+) ms", out).groups())
+        assert 0 < program <= simulated + 0.05 and "forward end" in out
+    assert bound_diagnose.main(["--network", "alexnet", "--fraction", "0.01"]) == 2
+    assert "below the minimum budget" in capsys.readouterr().err
+
+
 def test_planner_scale_says_what_it_leaves_out_and_refuses_bad_grids(tmp_path, capsys):
     """A user trial: gap fractions all below the minimum budget ended in a traceback after
     the other parts were written, budget fractions below it were left out unsaid, and a
