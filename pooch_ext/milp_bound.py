@@ -13,8 +13,8 @@ upper bound of pooch's distance to the optimum). The rows (milp_rows.py, milp_ne
   recompute chain needs earlier (the chains' own scratch is left out, which only lowers
   memory);
 * compute: every op and every recompute, back to back (sim/bounds.compute_floor), and in
-  the backward pass the recomputes that must come after a stall (each runs no earlier
-  than the earliest need of the maps rebuilt from it);
+  the backward pass the recomputes that must come after a stall: those not rebuilt by
+  then, with "rebuilt by" exact to any depth of chain (milp_rows.late_recompute_rows);
 * each swapped map: forward up to its producer, its swap-out, its swap-in (not before the
   backward pass starts, nor before the swap-out queue reaches it: swap-outs leave in
   producer order), then every op from its first backward need on, or from the first need
@@ -38,9 +38,10 @@ Action costs and the engines' exact queue order among swap-ins are left out (the
 add time). The program's plan is simulated too: where it fits it is a real plan and an
 upper bound. On ResNet-50 b512 pcie3 at 0.3 of in-core, the rows after the first ones
 raised the bound from 1.745 to 1.765 s and its plan's simulated time fell from 2.51 to
-2.04 s, and the exact chains and the shared peaks raised it to 1.807 s; on 360 small
-networks the bound's average distance below the optimum fell from 9.9% to 2.1%
-(results/README "Distance to a proven bound"). Each kind of row was found by fixing a
+2.04 s; the exact chains and the shared peaks raised it to 1.807 s and the late
+recomputes to 1.852 s (session 31). On 360 small networks the bound's average distance
+below the optimum fell from 9.9% to 2.1% with session 28's rows and to 1.3% with session
+31's (results/README "Distance to a proven bound"). Each kind of row was found by fixing a
 plan's classes in the program and reading where the simulator's compute ran later than the
 program's (``fixed_class_arrivals``, experiments/bound_diagnose.py).
 """

@@ -3,12 +3,12 @@ classifying away from the training run (the command line, benchmarks), where sec
 couple of minutes of solving are no object.
 
 The local search ends in the basin it starts from; the program's classes (a relaxation's
-optimum, slower as they stand: 2.04 s on ResNet-50 b512 pcie3 at 0.3 of the in-core need)
-start it in one its own seeds may not reach: there 1905 ms against pooch's 1918 (the bound:
-1765), and within 1% of the bound from 0.4 of the in-core need on (pooch alone: 2.2%;
-results/README "Distance to a proven bound"). The refinement never returns a plan slower
-than a seed that fits; its work is shared with the extra seed, so pooch alone is run too
-and the faster plan kept: never slower than pooch.
+optimum, slower as they stand: 1.97 s on ResNet-50 b512 pcie3 at 0.3 of the in-core need)
+start it in one its own seeds may not reach: there 1883 ms against pooch's 1918 (the bound:
+1852; 1884 ms with 64 times pooch's search), and within 1% of the bound from 0.4 of the
+in-core need on (pooch alone: 2.2%; results/README "Distance to a proven bound"). The
+refinement never returns a plan slower than a seed that fits; its work is shared with the
+extra seed, so pooch alone is run too and the faster plan kept: never slower than pooch.
 """
 from __future__ import annotations
 
