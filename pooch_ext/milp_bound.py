@@ -156,8 +156,9 @@ def _highs(model: SimModel, budget: int, program: Program, rows: Rows, cost: np.
                             np.full(width - 3 * m, math.inf)])
     lower = np.zeros(width)
     if fixed is not None:
+        chosen = np.asarray(fixed) * m + np.arange(m)
         upper[:3 * m] = 0.0
-        upper[np.asarray(fixed) * m + np.arange(m)] = lower[np.asarray(fixed) * m + np.arange(m)] = 1.0
+        upper[chosen] = lower[chosen] = 1.0
     integral = np.zeros(width)
     integral[:3 * m] = 1
     whole = [o for o, _, _ in program.binaries]
@@ -174,16 +175,16 @@ def _highs(model: SimModel, budget: int, program: Program, rows: Rows, cost: np.
                     options={"time_limit": max(time_limit_s, 1e-3), "disp": False})
 
 
-def fixed_class_arrivals(model: SimModel, budget: int, codes: np.ndarray,
+def fixed_class_arrivals(model: SimModel, budget: int | str, codes: np.ndarray,
                          time_limit_s: float = 120.0) -> tuple[float, np.ndarray]:
     """The program with every map's class fixed to ``codes``: its least iteration time, and
     with that time, compute's earliest arrival at each backward boundary (n_fwd .. n). Where
     the simulator's arrivals for the same plan run ahead of these, the program leaves out
     what holds the plan back there: how its rows were found (experiments/bound_diagnose.py).
     """
-    program = build_program(model, parse_bytes(budget))
-    rows = program.rows + program.queues
-    at, budget = program.at, parse_bytes(budget)
+    budget = parse_bytes(budget)
+    program = build_program(model, budget)
+    rows, at = program.rows + program.queues, program.at
     cost = np.zeros(program.width)
     cost[at.T] = 1.0
     result = _highs(model, budget, program, rows, cost, time_limit_s, fixed=codes)

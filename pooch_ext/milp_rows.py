@@ -86,13 +86,13 @@ def late_recompute_rows(model: SimModel, at: Layout,
             if model.bwd_first[y] <= q:
                 by_q[y] = {2 * m + y: 1.0}
                 continue
-            sources: dict[int, float] = {}
+            by_readers: dict[int, float] = {}
             for z in readers[y]:
                 for c, v in by_q[z].items():
-                    sources[c] = sources.get(c, 0.0) + v
+                    by_readers[c] = by_readers.get(c, 0.0) + v
             by_q[y] = {}
-            if sources:
-                rows += [({2 * m + y: 1.0, col: -1.0}, 0.0), ({**sources, col: -1.0}, 0.0)]
+            if by_readers:
+                rows += [({2 * m + y: 1.0, col: -1.0}, 0.0), ({**by_readers, col: -1.0}, 0.0)]
                 columns.append((col, y, q))
                 by_q[y] = {col: 1.0}
                 col += 1
