@@ -137,9 +137,7 @@ class Executor(GraphRecorder):
                                           if self.mode == SCHEDULED else ()):
                 if action in ("recompute", "decode") and not recomputes and b == boundary:
                     return
-                waits, start = not self.maps.landed(action, tensor), time.perf_counter()
-                if self.maps.act(action, tensor, final):      # (not a map released already)
-                    self.log_action(action, tensor, b, time.perf_counter() - start, waits)
+                self.maps.timed_act(action, tensor, final, b)
                 self._next_action += 1
             self._next_boundary, self._next_action = b + 1, 0
 

@@ -190,6 +190,14 @@ class MapActions:
         return slot
 
     # ------------------------------------------------------------ the actions
+    def timed_act(self, action: str, tensor: int, final: bool, boundary: int) -> None:
+        """``act``, logged at ``boundary`` with its host seconds and whether it waited for a
+        copy (not logged where it had nothing to do)."""
+        waits, start = not self.landed(action, tensor), time.perf_counter()
+        if self.act(action, tensor, final):
+            self.executor.log_action(action, tensor, boundary, time.perf_counter() - start,
+                                     waits)
+
     def act(self, action: str, tensor: int, final: bool) -> bool:
         """Do a schedule's action; False where it had nothing to do (a release of a map
         ``make_room`` released already), so that it is not logged twice."""
@@ -261,10 +269,8 @@ class MapActions:
                        and self.slot(t).state == "device"]:
             if over <= 0:
                 return
-            before, waits, start = device.used_bytes(), not self.landed("release", tensor), \
-                time.perf_counter()
-            self.release(tensor)
-            executor.log_action("release", tensor, index, time.perf_counter() - start, waits)
+            before = device.used_bytes()
+            self.timed_act("release", tensor, False, index)
             executor.stats.room_releases += 1
             over -= before - device.used_bytes()
 

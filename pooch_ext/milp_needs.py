@@ -202,6 +202,13 @@ def exact_gate_rows(model: SimModel, lowered: Lowered, gates: Gates) -> Rows:
     return rows
 
 
+def need_points(model: SimModel, lowered: Lowered, i: int) -> list[int]:
+    """The boundaries where map i, if swapped, may first be needed: its own first backward
+    need and the ends of the recompute chains that read it (ascending)."""
+    return sorted({e for e, _, n_col in lowered.get(i, ()) if n_col >= 0}
+                  | {int(model.bwd_first[i])})
+
+
 def needed_by(model: SimModel, lowered: Lowered, i: int, b: int) -> dict[int, float]:
     """Map i swapped and first needed by boundary b, as columns (none where it cannot be)."""
     if b >= model.bwd_first[i]:
@@ -225,7 +232,7 @@ def prefetch_rows(model: SimModel, at: Layout, memory: Rows, lowered: Lowered,
     col = first_col
     for s in np.flatnonzero(model.can[:, SWAP]).tolist():
         own = int(model.bwd_first[s])
-        needs = sorted({e for e, _, n_col in lowered.get(s, ()) if n_col >= 0} | {own})
+        needs = need_points(model, lowered, s)
         si = float(model.si_s[s])
         window = np.arange(max(model.n_fwd, needs[0] - PREFETCH_WINDOW), own)
         for q in sorted(window[np.argsort(-top[window], kind="stable")[:PREFETCH_PEAKS]]):
@@ -260,10 +267,7 @@ def shared_peak_rows(model: SimModel, at: Layout, lowered: Lowered,
     for q, whole in sorted(at_peak.items()):
         if len(whole) < 2:
             continue
-        needs = set()
-        for _, s in whole:
-            needs.add(int(model.bwd_first[s]))
-            needs |= {e for e, _, n_col in lowered.get(s, ()) if n_col >= 0 and e > q}
+        needs = {e for _, s in whole for e in need_points(model, lowered, s) if e > q}
         for e in sorted(needs)[:NEED_WINDOW]:
             cols = {A + e + 1: 1.0, A + q + 1: -1.0}
             for o, s in whole:

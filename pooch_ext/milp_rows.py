@@ -6,7 +6,9 @@ import math
 
 import numpy as np
 
-from pooch_ext.milp_needs import NEED_WINDOW, Layout, Lowered, Rows, needed_by, reached
+from pooch_ext.milp_needs import (NEED_WINDOW, Layout, Lowered, Rows, need_points, needed_by,
+                                  reached)
+from pooch_ext.sim.bounds import seconds_from
 from pooch_ext.policies.search import KeepRoom
 from pooch_ext.sim.model import RECOMPUTE, SWAP, SimModel
 
@@ -76,7 +78,7 @@ def late_recompute_rows(model: SimModel, at: Layout,
     for y in recomputable:
         for s in model.src_fm[y]:
             readers[s].append(y)
-    after = np.concatenate([np.cumsum(model.dur[::-1])[::-1], [0.0]])
+    after = seconds_from(model)
     rows: Rows = []
     columns: list[tuple[int, int, int]] = []
     for q in range(model.n_fwd, model.n):
@@ -162,10 +164,8 @@ def copy_memory_rows(model: SimModel, at: Layout, room: np.ndarray, memory: Rows
     # its recompute chains' (only those maps' terms differ between q and q2)
     changes: dict[int, set[int]] = {}
     for i in swappable.tolist():
-        changes.setdefault(int(model.bwd_first[i]), set()).add(i)
-        for e, _, n_col in lowered.get(i, ()):
-            if n_col >= 0:
-                changes.setdefault(e, set()).add(i)
+        for e in need_points(model, lowered, i):
+            changes.setdefault(e, set()).add(i)
     needs = np.array(sorted(changes), np.int64)
     for q in range(n_fwd, n):
         coming: set[int] = set()

@@ -73,12 +73,17 @@ def link_bound(model: SimModel, codes: np.ndarray) -> float:
     return float((si_done + after[first[by_need]]).max())
 
 
+def seconds_from(model: SimModel) -> np.ndarray:
+    """(n+1,) the ops' seconds from each boundary on (0 at the end): what compute still
+    has to do there, recomputes aside."""
+    return np.concatenate([np.cumsum(model.dur[::-1])[::-1], [0.0]])
+
+
 def _link_arrays(model: SimModel) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(forward end of each forward op, seconds of the ops from each boundary on, the maps
     in producer order): what ``link_bound`` needs of ``model``, made once per search."""
     return per_search(model, "link_bound", lambda: (
-        np.cumsum(model.dur[:model.n_fwd]),
-        np.concatenate([np.cumsum(model.dur[::-1])[::-1], [0.0]]),
+        np.cumsum(model.dur[:model.n_fwd]), seconds_from(model),
         np.lexsort((np.arange(model.m), model.producer))))
 
 
