@@ -30,6 +30,7 @@ from pooch_ext.errors import BudgetTooSmallError, PoochError  # noqa: E402
 from pooch_ext.links import Link, get_link  # noqa: E402
 from pooch_ext.plan import Plan  # noqa: E402
 from pooch_ext.policies import get_policy  # noqa: E402
+from pooch_ext.policies import sweep  # noqa: E402
 from pooch_ext.profile import Profile  # noqa: E402
 from pooch_ext.sim.budgets import minimum_budget  # noqa: E402
 from pooch_ext.units import parse_bytes  # noqa: E402
@@ -68,6 +69,15 @@ def classify(p: Profile, policy: str, link: str | Link, budget: str | int | None
         return get_policy(policy).classify(p, budget_bytes(p, budget), get_link(link))
     except BudgetTooSmallError as error:
         return Plan(policy, {}, feasible=False, reason=str(error))
+
+
+def classify_links(p: Profile, links: list[Link], budget: str | int | None = None) -> list[Plan]:
+    """pooch's plans for ``links`` from one sweep (policies/sweep.py: a faster link never gets
+    a slower plan); a budget below the minimum gives infeasible empty plans, as ``classify``."""
+    try:
+        return sweep.classify_links(p, links, budget_bytes(p, budget))
+    except BudgetTooSmallError as error:
+        return [Plan("pooch", {}, feasible=False, reason=str(error)) for _ in links]
 
 
 def row(p: Profile, plan: Plan, link: str | Link, budget: str | int | None = None, **extra) -> dict:

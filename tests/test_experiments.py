@@ -20,6 +20,7 @@ sys.path.insert(0, str(EXPERIMENTS))
 
 import common  # noqa: E402
 import replay  # noqa: E402
+from pooch_ext.links import Link  # noqa: E402
 from pooch_ext.sim.budgets import budget_between  # noqa: E402
 
 
@@ -121,15 +122,18 @@ def test_beyond_paper(tmp_path):
     import beyond_paper as bp
 
     assert bp.main(["--out-dir", str(tmp_path), "--batches", "2048", "--sides", "960",
-                    "--links", "c2c", "--gbps", "8", "450"]) == 0
+                    "--links", "c2c", "--gbps", "4", "8", "450"]) == 0
     tables = check_outputs(tmp_path, ["hosts.csv", "bandwidth.csv"],
                            ["hosts.png", "bandwidth.png"])
     bw = tables["bandwidth.csv"]
     pooch = bw[bw.policy == "pooch"]
     fractions = pooch[["keep_fraction", "swap_fraction", "recompute_fraction"]].sum(axis=1)
     assert fractions.to_numpy() == pytest.approx(1.0)
-    # a faster link never makes PoocH's plan slower, nor choose more recomputation
+    # a faster link never makes PoocH's plan slower (one sweep over the links), nor, here,
+    # choose more recomputation
     for _, sel in pooch.groupby("gpu"):
+        times = sel.sort_values("gbps").iteration_time_s.to_numpy()
+        assert (np.diff(times) <= 0).all()
         slow, fast = sel.sort_values("gbps").iloc[[0, -1]].itertuples()
         assert fast.relative >= slow.relative - 1e-9 and fast.recompute <= slow.recompute
 
@@ -268,6 +272,23 @@ def test_helpers():
     assert not plan.feasible and "minimum" in plan.reason
     row = common.row(p, plan, "pcie3", 1000)
     assert row["samples_per_s"] != row["samples_per_s"]   # NaN where the plan fails
+    links = [Link(f"{g}GB/s", g * 1e9, g * 1e9) for g in (16, 2, 4)]
+    tiny = common.classify_links(p, links, budget=1000)
+    assert len(tiny) == 3 and not any(plan.feasible for plan in tiny)
+    assert all("minimum" in plan.reason for plan in tiny)
+
+
+def test_classify_links_gives_the_sweeps_plans_a_faster_link_never_slower(toy_profile):
+    """The link grids of the experiments (beyond_paper.py ``bandwidth``) take pooch's plans
+    from one sweep: in the links' order, every plan fits and none is slower than the plan
+    of a slower link."""
+    budget = budget_between(toy_profile, 0.3)
+    gbps = (8, 1, 3, 2, 24, 4)
+    plans = common.classify_links(toy_profile, [Link(f"{g}GB/s", g * 1e9, g * 1e9)
+                                                for g in gbps], budget)
+    assert all(plan.feasible and plan.policy == "pooch" for plan in plans)
+    by_speed = [plan.iteration_time_s for _, plan in sorted(zip(gbps, plans))]
+    assert all(faster <= slower for slower, faster in zip(by_speed, by_speed[1:]))
 
 
 def test_bad_input_is_one_line(capsys):

@@ -37,6 +37,7 @@ from pooch_ext.policies.fill_keeps import fill_keeps
 from pooch_ext.policies.recompute import recompute_step
 from pooch_ext.policies.refine import multi_start, refine as refine_codes, refine_budget
 from pooch_ext.policies.search import Evaluator, SearchStats, keep_swap
+from pooch_ext.policies.slower_link import or_from_slower_link
 from pooch_ext.policies.sqrt_n import best_checkpoints, swapped_checkpoints
 from pooch_ext.profile import Profile
 from pooch_ext.sim.budgets import fits, least_swap_codes, tightest_codes
@@ -78,11 +79,16 @@ def classify(profile: Profile, budget: int | str | None = None, link: Link | str
                 if fits(ctx.model, given, ctx.budget, host):
                     seeds_by_name[f"given {k}"] = given
             limit = max(1, round(refine_budget(ctx.model) * search_factor))
+            spent = stats.refine_simulations
             codes, _ = multi_start(ctx.model, seeds_by_name, ctx.budget, limit, stats=stats,
                                    host_budget=host)
             if checkpoints is None:
                 codes = _or_swapped_checkpoints(ctx.model, codes, ctx.budget, spacing, stats,
                                                 host, limit // 2)
+            left = limit - (stats.refine_simulations - spent)
+            if left >= limit / 2:       # every refinement stopped early: a small network
+                codes = or_from_slower_link(ctx.model, seeds_by_name, codes, ctx.budget, left,
+                                            stats, host)
             codes, _ = fill_keeps(ctx.model, codes, ctx.budget, stats=stats, host_budget=host)
     return ctx.plan(codes, "early", r=stats.r)
 
