@@ -58,6 +58,7 @@ experiments: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python experiments/bench_classify.py
 	OPENBLAS_NUM_THREADS=1 $(BIN)/python experiments/planner_scale.py
+	OPENBLAS_NUM_THREADS=1 $(BIN)/python experiments/monotone_random.py
 	$(BIN)/python experiments/bench_overhead.py
 
 # chainer's pure-Python wheel for a GPU machine without network (experiments/gpu/, results/gpu/)

@@ -138,6 +138,24 @@ def test_beyond_paper(tmp_path):
         assert fast.relative >= slow.relative - 1e-9 and fast.recompute <= slow.recompute
 
 
+def test_monotone_random_counts_the_steps_that_get_slower(tmp_path, capsys):
+    import monotone_random as mr
+
+    assert mr.main(["--out-dir", str(tmp_path), "--layers", "6", "--seeds", "2"]) == 0
+    table = check_outputs(tmp_path, ["monotone_random.csv"], [])["monotone_random.csv"]
+    assert set(table.kind) == {"link", "budget"} and len(table) == 2 * (16 + 12)
+    assert "violations" in capsys.readouterr().out
+    steps = pd.DataFrame({"kind": "link", "layers": 6, "seed": 0, "fixed": 0.1,
+                          "x": [2.0, 1.0, 4.0, 8.0], "pooch_s": [1.0, 1.0, 1.002, 1.0025]})
+    found = mr.violations(steps)          # 1 -> 2 -> 4 GB/s: +0.2%; 4 -> 8: +0.05%, allowed
+    assert list(zip(found["from"], found["to"])) == [(2.0, 4.0)]
+    assert found.slower.iloc[0] == pytest.approx(0.002)
+    assert mr.summary(steps, found).to_dict("records") == [
+        {"kind": "link", "grids": 1, "violations": 1, "largest": found.slower.iloc[0]}]
+    with pytest.raises(SystemExit):
+        mr.main(["--out-dir", str(tmp_path), "--seeds", "0"])
+
+
 @pytest.mark.slow
 def test_planner_scale(tmp_path):
     import planner_scale as ps

@@ -14,7 +14,11 @@ ResNet-50 b512 on pcie3 at 0.3 of its in-core need, 1905 ms, against 1918 ms wit
 alone and 2017 ms without them. On slow links the paper's steps start far from a
 good plan (ResNet-50 on an H100 at 8 GB/s: 0.28 of in-core speed, recomputation alone 0.79),
 and a search that only refined them, with a limit it used up, was not monotone in the link's
-speed. Memory left over is then filled with keeps where that costs no predicted time.
+speed. Where every refinement stopped with half of its limit or more unspent (small
+networks, some budgets of larger ones), the same seeds are also searched on the link at
+half its speed, and that plan refined on the real link (policies/slower_link.py): a single
+call had given a random 16-layer network a 25% slower plan at 1 GB/s than at 0.5. Memory
+left over is then filled with keeps where that costs no predicted time.
 ``refine=False`` gives the paper's algorithm alone, the policy "pooch-paper" (the benchmarks
 report both).
 

@@ -4,14 +4,16 @@ Which basin a local search ends in depends on the link, so a single call of pooc
 much slower on a faster link: a random 16-layer network at 0.3 of the way to its in-core
 need took 25% longer per iteration at 1 GB/s than at 0.5 GB/s, where every seed refined to
 a local optimum at 1 GB/s, while at 0.5 the swap the paper's steps chose cost too much and
-the search left it for a plan that swaps nothing (7 of 180 link grids of random networks
-had such a step above 0.1%, up to 25%). The sweeps (policies/sweep.py) are monotone by
+the search left it for a plan that swaps nothing. The sweeps (policies/sweep.py) are monotone by
 construction, seeding each search with its slower neighbour's plan; a single call has no
 neighbour. Here it makes one: where the refinement stopped with at least half of its limit
-unspent (small networks, whose seeds all reach local optima early), the same seeds are
-searched on the link at half the speed (every copy twice as long), and that plan, which
-fits the budget on any link, is refined on the real one; it is taken where it ends faster.
-Large networks use their limit up, so their plans and time are as before.
+unspent (every seed at a local optimum early: small networks, and some budgets of larger
+ones), the same seeds are searched on the link at half the speed (every copy twice as
+long), and that plan, which fits the budget on any link, is refined on the real one; it is
+taken where it ends faster. It costs at most the limit the search left unspent: a
+search that used its limit up (most budgets of ResNet-50 and ResNeXt-101 3D) is as before.
+It makes single calls better, not monotone: planner_scale.py ``monotone`` and
+experiments/monotone_random.py measure what is left.
 """
 from __future__ import annotations
 
