@@ -90,7 +90,7 @@ def classify(profile: Profile, budget: int | str | None = None, link: Link | str
                 codes = _or_swapped_checkpoints(ctx.model, codes, ctx.budget, spacing, stats,
                                                 host, limit // 2)
             left = limit - (stats.refine_simulations - spent)
-            if left >= limit / 2:       # every refinement stopped early: a small network
+            if left >= limit / 2:       # every refinement stopped early (small networks)
                 codes = or_from_slower_link(ctx.model, seeds_by_name, codes, ctx.budget, left,
                                             stats, host)
             codes, _ = fill_keeps(ctx.model, codes, ctx.budget, stats=stats, host_budget=host)
