@@ -10,14 +10,19 @@ call of pooch per grid point, with no sweep (policies/sweep.py is monotone by co
 * budget grids: every network on pcie3, budgets at 12 points from 0.02 to 0.6 of the way.
 
 A violation is a step to a faster link or a larger budget whose plan is slower by more than
-0.1%. Writes ``monotone_random.csv`` (one row per grid point) and prints, per kind of grid,
-how many grids, how many violations and the largest.
+0.1%. Writes ``monotone_random.csv`` (one row per grid point: ``kind`` link / budget,
+``layers``, ``seed``, ``fixed`` what the grid holds fixed (the budget as a fraction of the
+way, or the link), ``x`` the point (GB/s, or the budget fraction), ``pooch_s`` the plan's
+predicted iteration seconds) and prints, per kind of grid, how many grids, how many
+violations and the largest (a fraction: 0.023 is 2.3% slower), then the worst steps.
 
     OPENBLAS_NUM_THREADS=1 python experiments/monotone_random.py [--layers 12 16 24] [--seeds 30]
 """
 from __future__ import annotations
 
+import argparse
 import sys
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -83,20 +88,23 @@ def summary(table: pd.DataFrame, found: pd.DataFrame) -> pd.DataFrame:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = common.parser(__doc__, OUT)
-    ap.add_argument("--layers", type=int, nargs="+", default=[12, 16, 24])
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out-dir", type=Path, default=OUT,
+                    help=f"output folder (default {OUT}, the committed results)")
+    ap.add_argument("--layers", type=int, nargs="+", default=[12, 16, 24],
+                    help="layers of the random networks, one set of seeds per size")
     ap.add_argument("--seeds", type=int, default=30, help="random networks per size")
     args = ap.parse_args(argv)
-    if args.budget is not None:
-        ap.error("--budget does not apply: the grids set their own budgets")
     if args.seeds < 1 or min(args.layers) < 2:
         ap.error("--seeds must be >= 1 and --layers >= 2")
     table = grids(args.layers, args.seeds)
-    common.write_csv(table, args.out_dir / "monotone_random.csv")
+    path = common.write_csv(table, args.out_dir / "monotone_random.csv")
     found = violations(table)
     print(summary(table, found).to_string(index=False))
     if len(found):
         print(found.sort_values("slower", ascending=False).head(10).to_string(index=False))
+    print(f"written to {path}")
     return 0
 
 
