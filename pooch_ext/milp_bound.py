@@ -187,17 +187,17 @@ def fixed_class_arrivals(model: SimModel, budget: int | str, codes: np.ndarray,
     rows, at = program.rows + program.queues, program.at
     cost = np.zeros(program.width)
     cost[at.T] = 1.0
-    result = _highs(model, budget, program, rows, cost, time_limit_s, fixed=codes)
-    if result.x is None:
-        raise RuntimeError(f"the program with these classes was not solved: {result.message}")
-    least = float(result.x[at.T])
+    def solved(rows: Rows) -> np.ndarray:
+        result = _highs(model, budget, program, rows, cost, time_limit_s, fixed=codes)
+        if result.x is None:
+            raise RuntimeError(f"the program with these classes was not solved: {result.message}")
+        return result.x
+
+    least = float(solved(rows)[at.T])
     cost[at.T] = 0.0
     cost[at.A + model.n_fwd:at.A + model.n + 1] = 1.0
-    rows = rows + [({at.T: -1.0}, -least * (1 + 1e-9))]
-    result = _highs(model, budget, program, rows, cost, time_limit_s, fixed=codes)
-    if result.x is None:
-        raise RuntimeError(f"the program with these classes was not solved: {result.message}")
-    return least, result.x[at.A + model.n_fwd:at.A + model.n + 1].copy()
+    arrivals = solved(rows + [({at.T: -1.0}, -least * (1 + 1e-9))])
+    return least, arrivals[at.A + model.n_fwd:at.A + model.n + 1].copy()
 
 
 @dataclass

@@ -240,11 +240,11 @@ def prefetch_rows(model: SimModel, at: Layout, memory: Rows, lowered: Lowered,
             col += 1
             binaries.append((o, s, int(q)))
             by_q = needed_by(model, lowered, s, int(q))
-            rows.append((_add({m + s: 1.0, o: -1.0}, by_q, -1.0), 0.0))
+            rows.append((add_scaled({m + s: 1.0, o: -1.0}, by_q, -1.0), 0.0))
             for q2 in [e for e in needs if e > q]:
-                cols = _add({A + q2 + 1: 1.0, A + int(q) + 1: -1.0, o: si},
+                cols = add_scaled({A + q2 + 1: 1.0, A + int(q) + 1: -1.0, o: si},
                             needed_by(model, lowered, s, q2), -si)
-                rows.append((_add(cols, by_q, si), float(model.dur[q2])))
+                rows.append((add_scaled(cols, by_q, si), float(model.dur[q2])))
             memory[q][0][o] = float(model.nbytes[s])
     return rows, binaries, col
 
@@ -272,14 +272,15 @@ def shared_peak_rows(model: SimModel, at: Layout, lowered: Lowered,
             cols = {A + e + 1: 1.0, A + q + 1: -1.0}
             for o, s in whole:
                 si = float(model.si_s[s])
-                _add(cols, needed_by(model, lowered, s, e), -si)
-                _add(cols, needed_by(model, lowered, s, q), si)
+                add_scaled(cols, needed_by(model, lowered, s, e), -si)
+                add_scaled(cols, needed_by(model, lowered, s, q), si)
                 cols[o] = cols.get(o, 0.0) + si
             rows.append((cols, float(model.dur[e])))
     return rows
 
 
-def _add(cols: dict[int, float], more: dict[int, float], scale: float) -> dict[int, float]:
+def add_scaled(cols: dict[int, float], more: dict[int, float],
+               scale: float = 1.0) -> dict[int, float]:
     """``cols`` plus ``scale`` times ``more`` (in place; returned)."""
     for c, v in more.items():
         cols[c] = cols.get(c, 0.0) + scale * v

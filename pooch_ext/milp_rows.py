@@ -6,8 +6,8 @@ import math
 
 import numpy as np
 
-from pooch_ext.milp_needs import (NEED_WINDOW, Layout, Lowered, Rows, need_points, needed_by,
-                                  reached)
+from pooch_ext.milp_needs import (NEED_WINDOW, Layout, Lowered, Rows, add_scaled, need_points,
+                                  needed_by, reached)
 from pooch_ext.sim.bounds import seconds_from
 from pooch_ext.policies.search import KeepRoom
 from pooch_ext.sim.model import RECOMPUTE, SWAP, SimModel
@@ -90,8 +90,7 @@ def late_recompute_rows(model: SimModel, at: Layout,
                 continue
             by_readers: dict[int, float] = {}
             for z in readers[y]:
-                for c, v in by_q[z].items():
-                    by_readers[c] = by_readers.get(c, 0.0) + v
+                add_scaled(by_readers, by_q[z])
             by_q[y] = {}
             if by_readers:
                 rows += [({2 * m + y: 1.0, col: -1.0}, 0.0), ({**by_readers, col: -1.0}, 0.0)]
@@ -100,8 +99,7 @@ def late_recompute_rows(model: SimModel, at: Layout,
                 col += 1
             rc = float(model.rc_s[y])
             late[2 * m + y] = -rc
-            for c, v in by_q[y].items():
-                late[c] = late.get(c, 0.0) + rc * v
+            add_scaled(late, by_q[y], rc)
         rows.append((late, float(after[q + 1])))
     return rows, col, columns
 
@@ -173,10 +171,8 @@ def copy_memory_rows(model: SimModel, at: Layout, room: np.ndarray, memory: Rows
             coming |= changes[q2]
             cols = dict(memory[q][0])
             for i in sorted(coming):
-                for c, v in needed_by(model, lowered, i, q2).items():
-                    cols[c] = cols.get(c, 0.0) + v * nbytes[i]
-                for c, v in needed_by(model, lowered, i, q).items():
-                    cols[c] = cols.get(c, 0.0) - v * nbytes[i]
+                add_scaled(cols, needed_by(model, lowered, i, q2), nbytes[i])
+                add_scaled(cols, needed_by(model, lowered, i, q), -nbytes[i])
             cols[A + q2 + 1] = cols.get(A + q2 + 1, 0.0) - in_rate
             cols[A + q + 1] = cols.get(A + q + 1, 0.0) + in_rate
             rows.append((cols, 0.0))
